@@ -1,0 +1,1 @@
+"""Splits, threshold grids, the Optuna study, bootstrap confidence intervals, export and report."""

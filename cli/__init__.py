@@ -1,0 +1,1 @@
+"""The `rift-ada` command line (Typer): thin wrappers around library functions."""

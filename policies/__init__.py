@@ -1,0 +1,1 @@
+"""Policy families, their search spaces, monotonic-score fitting and vectorised replay."""
