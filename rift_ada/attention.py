@@ -1,0 +1,196 @@
+"""The attention function that lets a budgeted cache layer hand attention its working set.
+
+A `BudgetedLayer.update` returns the gathered working set and leaves a `PendingAttention` note in
+a thread-local slot; the attention function registered here (``rift-sdpa`` / ``rift-eager``)
+picks the note up in the same module forward and computes attention with the per-query band
+mask. Without a note (a plain cache, e.g. the target in self-speculation, or a layer that is not
+budgeted) it delegates to the model's own implementation, so nothing else changes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from rift_ada.cache import BudgetedLayer
+
+_slot = threading.local()
+_registered: set[str] = set()
+
+
+@dataclass
+class PendingAttention:
+    """What the attention call after `update` needs: the layer and how to mask its keys.
+
+    Keys are laid out as [selection (n_selected) | window positions window_start ..]. ``full``
+    means plain causal attention over all stored keys (prefill, the full policy, the canonical
+    probe pass). ``selection_valid`` (batch, 1|kv, n_selected) masks padded selection slots.
+    ``prefix_limit`` (batch,) makes window positions below it visible too (an unfilled selection).
+    """
+
+    layer: BudgetedLayer
+    first_position: int
+    n_new: int
+    full: bool
+    window: int = 0
+    window_start: int = 0
+    n_selected: int = 0
+    selection_valid: torch.Tensor | None = None
+    prefix_limit: torch.Tensor | None = None
+    key_positions: torch.Tensor | None = None
+
+
+def set_pending(layer_idx: int, pending: PendingAttention) -> None:
+    table = getattr(_slot, "table", None)
+    if table is None:
+        table = _slot.table = {}
+    table[layer_idx] = pending
+
+
+def pop_pending(layer_idx: int) -> PendingAttention | None:
+    table = getattr(_slot, "table", None)
+    return None if table is None else table.pop(layer_idx, None)
+
+
+def band_mask(pending: PendingAttention, device: torch.device) -> torch.Tensor:
+    """Boolean visibility (batch, 1|kv, q, n_selected + n_window): True = attend."""
+    query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=device)
+    end = pending.first_position + pending.n_new
+    window_positions = torch.arange(pending.window_start, end, device=device)
+    in_band = (window_positions[None, :] <= query_positions[:, None]) & (
+        window_positions[None, :] > query_positions[:, None] - pending.window
+    )
+    batch = 1 if pending.prefix_limit is None else pending.prefix_limit.shape[0]
+    window_visible = in_band[None, None].expand(batch, 1, -1, -1)
+    if pending.prefix_limit is not None:
+        below_prefix = window_positions[None, :] < pending.prefix_limit.to(device)[:, None]  # (batch, n_window)
+        causal = window_positions[None, :] <= query_positions[:, None]
+        window_visible = window_visible | (below_prefix[:, None, None, :] & causal[None, None])
+    if pending.n_selected == 0:
+        return window_visible
+    if pending.selection_valid is None:
+        selected = torch.ones(batch, 1, pending.n_new, pending.n_selected, dtype=torch.bool, device=device)
+    else:
+        selected = pending.selection_valid[:, :, None, :].expand(-1, -1, pending.n_new, -1)
+    heads = max(selected.shape[1], window_visible.shape[1])
+    return torch.cat(
+        [selected.expand(-1, heads, -1, -1), window_visible.expand(selected.shape[0], heads, -1, -1)], dim=-1
+    )
+
+
+def _inverse_rope(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
+    """Undo the module's rotary embedding (rotation by -theta) to recover pre-RoPE queries."""
+    position_embeddings = getattr(module, "_rift_position_embeddings", None)
+    if position_embeddings is None:
+        return query
+    cos, sin = position_embeddings
+    rotate = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
+    if rotate is None:
+        return query
+    unrotated, _ = rotate(query, query, cos, -sin)
+    return unrotated
+
+
+def budgeted_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pending: PendingAttention,
+    scaling: float,
+) -> torch.Tensor:
+    """Masked attention over the working set; returns (b, q, h, d)."""
+    layer = pending.layer
+    layer.record_queries(query, _inverse_rope(module, query), pending)
+    batch, n_heads, n_queries, head_dim = query.shape
+    n_kv = key.shape[1]
+    group = n_heads // n_kv
+    grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
+    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
+    if pending.full:
+        key_positions = torch.arange(key.shape[2], device=key.device)
+        query_positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=key.device)
+        visible = (key_positions[None, :] <= query_positions[:, None])[None, None, None]
+    else:
+        visible = band_mask(pending, key.device)[:, :, None]  # (b, 1|kv, 1, q, L)
+    logits = logits.masked_fill(~visible, float("-inf"))
+    sinks = getattr(module, "sinks", None)
+    if sinks is not None:
+        sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits, dim=-1)
+    layer.observe_attention(probs, pending)
+    output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
+    return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
+
+
+def _base_function(module: torch.nn.Module, base: str) -> Callable[..., Any]:
+    if base == "eager":
+        own = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if own is not None:
+            return own
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+def _make_interface(base: str) -> Callable[..., Any]:
+    def rift_attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        pending = pop_pending(getattr(module, "layer_idx", -1))
+        if pending is None or (pending.full and not pending.layer.wants_full_probs(pending)):
+            if pending is not None:
+                pending.layer.record_queries(query, _inverse_rope(module, query), pending)
+            return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)
+        scaling = kwargs.get("scaling") or module.scaling
+        return budgeted_attention(module, query, key, value, pending, scaling), None
+
+    return rift_attention
+
+
+def register_attention(base: str) -> str:
+    """Register ``rift-<base>`` with transformers' attention and mask interfaces; return its name."""
+    name = f"rift-{base}"
+    if name in _registered:
+        return name
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    mask_function = AttentionMaskInterface._global_mapping.get(base) or AttentionMaskInterface._global_mapping["sdpa"]
+    AttentionInterface.register(name, _make_interface(base))
+    AttentionMaskInterface.register(name, mask_function)
+    _registered.add(name)
+    return name
+
+
+def _capture_position_embeddings(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    module._rift_position_embeddings = kwargs.get("position_embeddings")
+
+
+def install(model: torch.nn.Module) -> None:
+    """Route the model's attention through ``rift-<base>`` and capture RoPE tables. Idempotent."""
+    config = model.config
+    current = config._attn_implementation or "sdpa"
+    if current.startswith("rift-"):
+        return
+    base = current if current in ("sdpa", "eager") else "sdpa"
+    name = register_attention(base)
+    model.set_attn_implementation(name)
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "scaling") and not getattr(module, "_rift_hooked", False):
+            module.register_forward_pre_hook(_capture_position_embeddings, with_kwargs=True)
+            module._rift_hooked = True

@@ -1,0 +1,435 @@
+"""A budgeted draft KV cache for Hugging Face transformers (5.x).
+
+In every full-attention layer, `BudgetedLayer` stores the full draft KV (so the selection can be
+rescored) and hands attention exactly the working set: per KV head, a selection of at most k
+positions plus the window of the r most recent positions. Linear-attention (Qwen3.5 Gated
+DeltaNet), Mamba (Nemotron-H) and built-in sliding-window layers (GPT-OSS) keep their ordinary
+transformers cache layers, untouched.
+
+Prefill runs with full attention (SnapKV needs it); the selection is made from the prefill's last
+``obs_window`` queries at the first forward after it. Batch size 1 is what the draft/verify loop
+uses; larger batches work for the probe's arms (see `BudgetedCache.run_arms`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from rift_ada.attention import PendingAttention, install, set_pending
+from rift_ada.budget import CachePolicy, validate
+from rift_ada.scorers import H2OScorer, SnapKVScorer, select_topk
+
+
+class CacheError(ValueError):
+    """The model or the cache cannot be used as asked."""
+
+
+@dataclass
+class LayerState:
+    """What a rollback restores for one budgeted layer."""
+
+    length: int
+    selection: torch.Tensor
+    query_buffer: torch.Tensor | None
+    query_positions: torch.Tensor | None
+    query_sum: torch.Tensor | None
+    query_count: int
+    heavy_scores: torch.Tensor | None
+
+
+class BudgetedLayer(DynamicLayer):
+    """Full stored KV plus a per-head working set of at most ``policy.budget`` positions."""
+
+    def __init__(self, policy: CachePolicy, layer_idx: int, scaling: float, sinks: torch.Tensor | None = None):
+        super().__init__()
+        self.policy = policy
+        self.layer_idx = layer_idx
+        self.scaling = scaling
+        self.sinks = sinks
+        self.length = 0
+        self.prefilled = False
+        self.selection: torch.Tensor | None = None  # (b, kv, m) positions, sorted
+        self.query_buffer: torch.Tensor | None = None  # (b, h, <=w, d) post-RoPE
+        self.query_positions: torch.Tensor | None = None  # (<=w,)
+        self.query_sum: torch.Tensor | None = None  # (b, kv, d) pre-RoPE, since last pop
+        self.query_count = 0
+        self.heavy_scores: torch.Tensor | None = None  # (b, kv, capacity) for H2O
+        self.arm_selection: torch.Tensor | None = None  # probe: (A, kv, m)
+        self.arm_valid: torch.Tensor | None = None  # probe: (A, 1, m)
+        self.arm_prefix_limit: torch.Tensor | None = None  # probe: (A,)
+        self.arm_query_sum: torch.Tensor | None = None  # probe: (A, kv, d) of the last arms pass
+        self.mass_targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
+        self.force_full = False  # probe: the canonical pass attends to everything and stores it
+        self._scorer = SnapKVScorer(policy.obs_window, policy.pool_kernel)
+
+    # ---- storage ---------------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        batch, n_kv, _, head_dim = key_states.shape
+        capacity = 256
+        self.keys = key_states.new_zeros(batch, n_kv, capacity, head_dim)
+        self.values = value_states.new_zeros(batch, n_kv, capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        needed = self.length + key_states.shape[2]
+        if needed > self.keys.shape[2]:
+            capacity = max(needed, 2 * self.keys.shape[2])
+            grow = capacity - self.keys.shape[2]
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], grow, self.keys.shape[3])], 2)
+            self.values = torch.cat(
+                [self.values, self.values.new_zeros(*self.values.shape[:2], grow, self.values.shape[3])], 2
+            )
+            if self.heavy_scores is not None:
+                self.heavy_scores = torch.cat(
+                    [self.heavy_scores, self.heavy_scores.new_zeros(*self.heavy_scores.shape[:2], grow)], 2
+                )
+        self.keys[:, :, self.length : needed] = key_states
+        self.values[:, :, self.length : needed] = value_states
+        self.length = needed
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def stored_keys(self) -> torch.Tensor:
+        return self.keys[:, :, : self.length]
+
+    # ---- working set -----------------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        return self.policy.window
+
+    @property
+    def capacity(self) -> int:
+        return self.policy.selected
+
+    def working_set(self, query_position: int | None = None) -> list[list[int]]:
+        """Positions a query at ``query_position`` (default: the next one) attends to, per KV head (batch 0)."""
+        position = self.length if query_position is None else query_position
+        if self.policy.is_full or self.force_full or not self.prefilled:
+            return [list(range(position + 1)) for _ in range(self.keys.shape[1])]
+        window = set(range(max(0, position - self.window + 1), position + 1))
+        result = []
+        for head in range(self.keys.shape[1]):
+            chosen = set(self.selection[0, head].tolist())
+            if self._is_prefix():
+                chosen |= set(range(min(self.capacity, position + 1)))
+            result.append(sorted(chosen | window))
+        return result
+
+    def _is_prefix(self) -> bool:
+        """An unfilled selection: it keeps absorbing positions as they leave the window."""
+        return self.policy.selection != "h2o" and self.selection.shape[-1] < self.capacity
+
+    def _candidates_end(self, next_position: int) -> int:
+        """Positions [0, end) lie outside the window of a query at ``next_position``."""
+        return max(0, next_position - self.window + 1)
+
+    def _prefix_selection(self, end: int) -> torch.Tensor:
+        batch, n_kv = self.keys.shape[:2]
+        count = min(self.capacity, end)
+        return torch.arange(count, device=self.keys.device).expand(batch, n_kv, count).contiguous()
+
+    def compute_selection(self) -> torch.Tensor:
+        """The selection a refresh would choose now, for a query at position ``self.length``."""
+        end = self._candidates_end(self.length)
+        policy = self.policy
+        if policy.selection == "prefix" or end <= self.capacity:
+            return self._prefix_selection(end)
+        if policy.selection == "h2o":
+            scores = self.heavy_scores[:, :, : self.length]
+        else:
+            scores = self._scorer.score(
+                self.query_buffer, self.stored_keys(), self.query_positions, self.scaling, self.sinks
+            )
+        return select_topk(scores, self.capacity, end, policy.block_size)
+
+    def _select(self) -> None:
+        self.selection = self.compute_selection()
+
+    def refresh(self) -> None:
+        """Rescore every stored position outside the window with the latest queries (RIFT-dyn)."""
+        if self.policy.selection == "snapkv" and self.prefilled and self.query_buffer is not None:
+            self._select()
+
+    # ---- the update called by the attention module ---------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states[:1], value_states[:1])
+        if self.arm_selection is not None:
+            return self._update_arms(key_states, value_states)
+        first = self.length
+        n_new = key_states.shape[2]
+        full = self.policy.is_full or self.force_full
+        if self.prefilled and self.selection is None and not full:
+            self._select()
+        if self.length == 0 and not self.prefilled:
+            self._append(key_states, value_states)
+            set_pending(self.layer_idx, PendingAttention(self, first, n_new, full=True))
+            return self.stored_keys(), self.values[:, :, : self.length]
+        self._append(key_states, value_states)
+        if full:
+            set_pending(self.layer_idx, PendingAttention(self, first, n_new, full=True))
+            return self.stored_keys(), self.values[:, :, : self.length]
+        window_start = max(0, first - self.window + 1)
+        selection = self.selection
+        if self._is_prefix():
+            selection = self._prefix_selection(min(self.capacity, window_start))
+            prefix_limit = torch.tensor([self.capacity], device=self.keys.device)
+        else:
+            prefix_limit = None
+        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
+        values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
+        key_positions = torch.cat(
+            [selection, torch.arange(window_start, self.length, device=self.keys.device).expand(*selection.shape[:2], -1)],
+            -1,
+        )
+        set_pending(
+            self.layer_idx,
+            PendingAttention(
+                self, first, n_new, full=False, window=self.window, window_start=window_start,
+                n_selected=selection.shape[-1], prefix_limit=prefix_limit, key_positions=key_positions,
+            ),
+        )
+        return keys, values
+
+    def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Probe pass: batch = arms, stored KV shared and left unchanged."""
+        n_arms = key_states.shape[0]
+        first, n_new = self.length, key_states.shape[2]
+        window_start = max(0, first - self.window + 1)
+        head_dim = self.keys.shape[3]
+        stored_k = self.keys[:1].expand(n_arms, -1, -1, -1)
+        stored_v = self.values[:1].expand(n_arms, -1, -1, -1)
+        index = self.arm_selection[..., None].expand(-1, -1, -1, head_dim)
+        keys = torch.cat([stored_k.gather(2, index), stored_k[:, :, window_start:first], key_states], 2)
+        values = torch.cat([stored_v.gather(2, index), stored_v[:, :, window_start:first], value_states], 2)
+        set_pending(
+            self.layer_idx,
+            PendingAttention(
+                self, first, n_new, full=False, window=self.window, window_start=window_start,
+                n_selected=self.arm_selection.shape[-1], selection_valid=self.arm_valid,
+                prefix_limit=self.arm_prefix_limit,
+            ),
+        )
+        return keys, values
+
+    # ---- called from the attention function ------------------------------------------------
+    def wants_full_probs(self, pending: PendingAttention) -> bool:
+        return self.mass_targets is not None and self.prefilled
+
+    def record_queries(self, query: torch.Tensor, pre_rope_query: torch.Tensor, pending: PendingAttention) -> None:
+        """Keep the latest ``obs_window`` post-RoPE queries and the pre-RoPE query sum per group."""
+        batch, n_heads, n_queries, head_dim = query.shape
+        n_kv = self.keys.shape[1]
+        grouped_sum = pre_rope_query.float().reshape(batch, n_kv, n_heads // n_kv, n_queries, -1).mean(2).sum(2)
+        if self.arm_selection is not None:
+            self.arm_query_sum = grouped_sum
+            return
+        positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
+        if self.query_buffer is None:
+            self.query_buffer, self.query_positions = query, positions
+        else:
+            self.query_buffer = torch.cat([self.query_buffer, query], 2)
+            self.query_positions = torch.cat([self.query_positions, positions])
+        self.query_buffer = self.query_buffer[:, :, -self.policy.obs_window :]
+        self.query_positions = self.query_positions[-self.policy.obs_window :]
+        self.query_sum = grouped_sum if self.query_sum is None else self.query_sum + grouped_sum
+        self.query_count += n_queries
+        if not self.prefilled and self.policy.selection == "h2o":
+            self.heavy_scores = torch.zeros(batch, n_kv, self.keys.shape[2], device=query.device)
+            self.heavy_scores[:, :, : self.length] = H2OScorer().prefill_scores(
+                query, self.stored_keys(), self.scaling, self.sinks
+            )
+        if not self.prefilled:
+            self.prefilled = True
+            self.selection = None  # chosen lazily at the next update, once the prefill is complete
+
+    def observe_attention(self, probs: torch.Tensor, pending: PendingAttention) -> None:
+        """Per-step bookkeeping that needs the attention probabilities (H2O, retained mass)."""
+        if self.arm_selection is not None:
+            return
+        if pending.full and self.mass_targets is not None:
+            self.retained = self._retained_mass(probs, pending)
+            return
+        if self.policy.selection == "h2o" and not pending.full:
+            H2OScorer.accumulate(self.heavy_scores, probs, pending.key_positions)
+            self._h2o_evict(pending)
+
+    def _h2o_evict(self, pending: PendingAttention) -> None:
+        """Positions leaving the window compete with the heavy hitters; losers are gone for good."""
+        end = self._candidates_end(self.length)
+        start = max(0, pending.first_position - self.window + 1)
+        if end <= start:
+            return
+        leaving = torch.arange(start, end, device=self.keys.device).expand(*self.selection.shape[:2], -1)
+        candidates = torch.cat([self.selection, leaving], -1)
+        if candidates.shape[-1] <= self.capacity:
+            self.selection = candidates
+            return
+        scores = self.heavy_scores.gather(2, candidates)
+        keep = torch.topk(scores, self.capacity, dim=-1).indices
+        self.selection = torch.sort(candidates.gather(2, keep), dim=-1).values
+
+    def _retained_mass(self, probs: torch.Tensor, pending: PendingAttention) -> torch.Tensor:
+        """Share of full-KV attention (b=1, kv, g, q, n) that each probe arm's working set holds."""
+        head_probs = probs[0].float()  # (kv, g, q, n)
+        n_keys = head_probs.shape[-1]
+        query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=probs.device)
+        key_positions = torch.arange(n_keys, device=probs.device)
+        in_window = (key_positions[None, :] > query_positions[:, None] - self.window) & (
+            key_positions[None, :] <= query_positions[:, None]
+        )
+        window_mass = (head_probs * in_window).sum(-1)  # (kv, g, q)
+        masses = []
+        for selection, valid, prefix_limit in self.mass_targets:
+            arm_masses = []
+            for arm in range(selection.shape[0]):
+                visible = torch.zeros(selection.shape[1], n_keys, dtype=torch.bool, device=probs.device)
+                visible.scatter_(1, selection[arm], valid[arm].expand_as(selection[arm]))
+                visible[:, : int(prefix_limit[arm])] = True
+                extra = visible[:, None, None, :] & ~in_window[None, None]
+                arm_masses.append((window_mass + (head_probs * extra).sum(-1)).mean())
+            masses.append(torch.stack(arm_masses))
+        return torch.stack(masses).mean(0) if masses else torch.zeros(0)
+
+    # ---- bookkeeping for the draft/verify loop -----------------------------------------------
+    def pop_query_summary(self) -> torch.Tensor | None:
+        """Mean pre-RoPE query per KV group (b, kv, d) since the last pop."""
+        if self.query_sum is None or self.query_count == 0:
+            return None
+        summary = self.query_sum / self.query_count
+        self.query_sum, self.query_count = None, 0
+        return summary
+
+    def snapshot(self) -> LayerState:
+        return LayerState(
+            self.length, self.selection, self.query_buffer, self.query_positions,
+            self.query_sum, self.query_count,
+            None if self.heavy_scores is None else self.heavy_scores[:, :, : self.length].clone(),
+        )
+
+    def restore(self, state: LayerState) -> None:
+        self.length = state.length
+        self.selection = state.selection
+        self.query_buffer, self.query_positions = state.query_buffer, state.query_positions
+        self.query_sum, self.query_count = state.query_sum, state.query_count
+        if state.heavy_scores is not None:
+            self.heavy_scores[:, :, state.length :] = 0
+            self.heavy_scores[:, :, : state.length] = state.heavy_scores
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0:
+            self.length = max(0, self.length + tokens_to_remove)
+
+    def reset(self) -> None:
+        self.__init__(self.policy, self.layer_idx, self.scaling, self.sinks)  # type: ignore[misc]
+
+
+def full_attention_layer_indices(model: torch.nn.Module) -> list[int]:
+    """Indices of layers whose transformers cache layer is a plain full-attention DynamicLayer."""
+    probe = DynamicCache(config=model.config)
+    return [index for index, layer in enumerate(probe.layers) if type(layer) is DynamicLayer]
+
+
+def _attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    modules = {}
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "scaling") and hasattr(module, "config"):
+            modules.setdefault(module.layer_idx, module)
+    return modules
+
+
+class BudgetedCache(DynamicCache):
+    """A transformers cache whose full-attention layers are `BudgetedLayer`s.
+
+    Build it with `make_draft_cache(model, policy)`. Other layers are the ones transformers
+    itself would create for the model, so their state is bit-identical to a plain cache.
+    """
+
+    def __init__(self, model: torch.nn.Module, policy: CachePolicy):
+        super().__init__(config=model.config)
+        self.policy = validate(policy)
+        indices = full_attention_layer_indices(model)
+        if not indices:
+            raise CacheError(
+                f"{type(model).__name__} has no full-attention layers: there is no KV to budget "
+                "(every layer is linear attention, Mamba or sliding window)"
+            )
+        modules = _attention_modules(model)
+        self.budgeted_indices = indices
+        for index in indices:
+            module = modules.get(index)
+            if module is None:
+                raise CacheError(f"cannot find the attention module of full-attention layer {index}")
+            self.layers[index] = BudgetedLayer(policy, index, float(module.scaling), getattr(module, "sinks", None))
+
+    @property
+    def budgeted_layers(self) -> list[BudgetedLayer]:
+        return [self.layers[index] for index in self.budgeted_indices]
+
+    def refresh(self) -> None:
+        """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""
+        for layer in self.budgeted_layers:
+            layer.refresh()
+
+    def query_summary(self) -> list[list[list[float]]] | None:
+        """Per full-attention layer, per KV group: mean pre-RoPE query since the last call."""
+        summaries = [layer.pop_query_summary() for layer in self.budgeted_layers]
+        if any(summary is None for summary in summaries):
+            return None
+        return [summary[0].tolist() for summary in summaries]
+
+    def snapshot(self) -> list[Any]:
+        """State to roll the cache back to (rejected draft tokens must leave the cache)."""
+        states: list[Any] = []
+        for layer in self.layers:
+            if isinstance(layer, BudgetedLayer):
+                states.append(layer.snapshot())
+            elif type(layer) is DynamicLayer:
+                states.append(layer.get_seq_length())
+            else:
+                states.append(copy.deepcopy(layer))
+        return states
+
+    def restore(self, states: list[Any]) -> None:
+        for index, (layer, state) in enumerate(zip(self.layers, states, strict=True)):
+            if isinstance(layer, BudgetedLayer):
+                layer.restore(state)
+            elif isinstance(state, int):
+                layer.crop(state - layer.get_seq_length())
+            else:
+                self.layers[index] = copy.deepcopy(state)
+
+
+def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCache:
+    """A budgeted cache for ``model``; routes the model's attention through rift-ada (idempotent)."""
+    install(model)
+    return BudgetedCache(model, policy)
+
+
+def rollback_plain_cache(cache: DynamicCache, states: list[Any]) -> None:
+    """Restore a plain transformers cache from `snapshot_plain_cache`."""
+    for index, (layer, state) in enumerate(zip(cache.layers, states, strict=True)):
+        if isinstance(state, int):
+            layer.crop(state - layer.get_seq_length())
+        else:
+            cache.layers[index] = copy.deepcopy(state)
+
+
+def snapshot_plain_cache(cache: DynamicCache) -> list[Any]:
+    """Cheap rollback state for a plain cache: a length for full-attention layers, a copy otherwise."""
+    return [
+        layer.get_seq_length() if type(layer) is DynamicLayer else copy.deepcopy(layer) for layer in cache.layers
+    ]

@@ -1,0 +1,51 @@
+"""SnapKV scores (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for Before Generation")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class SnapKVScorer:
+    """Attention of the last ``obs_window`` queries to every earlier key, pooled per KV head.
+
+    Steps: causal softmax of each window query over all keys up to its own position (an optional
+    per-head sink logit joins the normaliser, as in GPT-OSS), sum over the window queries, mean over
+    the query heads of each KV group (GQA), then a 1-D max-pool of width ``pool_kernel``.
+    Queries must already carry their own RoPE positions (they are stored post-RoPE).
+    """
+
+    obs_window: int = 64
+    pool_kernel: int = 7
+
+    def score(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_positions: torch.Tensor,
+        scaling: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """queries (b, h, w, d), keys (b, kv, n, d), query_positions (w,) -> scores (b, kv, n)."""
+        batch, n_heads, n_queries, head_dim = queries.shape
+        n_kv = keys.shape[1]
+        group = n_heads // n_kv
+        grouped = queries.reshape(batch, n_kv, group, n_queries, head_dim).float()
+        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys.float()) * scaling
+        key_positions = torch.arange(keys.shape[2], device=keys.device)
+        causal = key_positions[None, :] <= query_positions.to(keys.device)[:, None]
+        logits = logits.masked_fill(~causal, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
+            probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(logits, dim=-1)
+        summed = probs.sum(dim=3).mean(dim=2)  # (b, kv, n)
+        if self.pool_kernel > 1:
+            summed = F.max_pool1d(
+                summed.reshape(batch * n_kv, 1, -1), self.pool_kernel, stride=1, padding=self.pool_kernel // 2
+            ).reshape(batch, n_kv, -1)
+        return summed
