@@ -192,14 +192,24 @@ class BudgetedLayer(DynamicLayer):
         keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
         values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
         key_positions = torch.cat(
-            [selection, torch.arange(window_start, self.length, device=self.keys.device).expand(*selection.shape[:2], -1)],
+            [
+                selection,
+                torch.arange(window_start, self.length, device=self.keys.device).expand(*selection.shape[:2], -1),
+            ],
             -1,
         )
         set_pending(
             self.layer_idx,
             PendingAttention(
-                self, first, n_new, full=False, window=self.window, window_start=window_start,
-                n_selected=selection.shape[-1], prefix_limit=prefix_limit, key_positions=key_positions,
+                self,
+                first,
+                n_new,
+                full=False,
+                window=self.window,
+                window_start=window_start,
+                n_selected=selection.shape[-1],
+                prefix_limit=prefix_limit,
+                key_positions=key_positions,
             ),
         )
         return keys, values
@@ -218,8 +228,14 @@ class BudgetedLayer(DynamicLayer):
         set_pending(
             self.layer_idx,
             PendingAttention(
-                self, first, n_new, full=False, window=self.window, window_start=window_start,
-                n_selected=self.arm_selection.shape[-1], selection_valid=self.arm_valid,
+                self,
+                first,
+                n_new,
+                full=False,
+                window=self.window,
+                window_start=window_start,
+                n_selected=self.arm_selection.shape[-1],
+                selection_valid=self.arm_valid,
                 prefix_limit=self.arm_prefix_limit,
             ),
         )
@@ -286,7 +302,9 @@ class BudgetedLayer(DynamicLayer):
         """Share of full-KV attention (b=1, kv, g, q, n) that each probe arm's working set holds."""
         head_probs = probs[0].float()  # (kv, g, q, n)
         n_keys = head_probs.shape[-1]
-        query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=probs.device)
+        query_positions = torch.arange(
+            pending.first_position, pending.first_position + pending.n_new, device=probs.device
+        )
         key_positions = torch.arange(n_keys, device=probs.device)
         in_window = (key_positions[None, :] > query_positions[:, None] - self.window) & (
             key_positions[None, :] <= query_positions[:, None]
@@ -315,8 +333,12 @@ class BudgetedLayer(DynamicLayer):
 
     def snapshot(self) -> LayerState:
         return LayerState(
-            self.length, self.selection, self.query_buffer, self.query_positions,
-            self.query_sum, self.query_count,
+            self.length,
+            self.selection,
+            self.query_buffer,
+            self.query_positions,
+            self.query_sum,
+            self.query_count,
             None if self.heavy_scores is None else self.heavy_scores[:, :, : self.length].clone(),
         )
 
@@ -430,6 +452,4 @@ def rollback_plain_cache(cache: DynamicCache, states: list[Any]) -> None:
 
 def snapshot_plain_cache(cache: DynamicCache) -> list[Any]:
     """Cheap rollback state for a plain cache: a length for full-attention layers, a copy otherwise."""
-    return [
-        layer.get_seq_length() if type(layer) is DynamicLayer else copy.deepcopy(layer) for layer in cache.layers
-    ]
+    return [layer.get_seq_length() if type(layer) is DynamicLayer else copy.deepcopy(layer) for layer in cache.layers]

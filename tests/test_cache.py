@@ -1,0 +1,169 @@
+"""The budgeted draft cache: equivalence with the plain model, working-set sizes, hybrid layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from transformers import DynamicCache
+
+from rift_ada.budget import POLICY_NAMES, BudgetError, make_policy
+from rift_ada.cache import BudgetedLayer, CacheError, make_draft_cache
+
+
+def _decode(model, cache, ids, prefill):
+    logits = [model(ids[:, :prefill], cache=cache, use_cache=True).logits]
+    for step in range(prefill, ids.shape[1]):
+        logits.append(model(ids[:, step : step + 1], cache=cache, use_cache=True).logits)
+    return torch.cat(logits, 1)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_budget_covering_sequence_gives_plain_logits(architecture):
+    model = tiny_model(architecture)
+    ids = torch.randint(0, VOCAB, (1, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = model(ids).logits
+        for name in POLICY_NAMES:
+            cache = make_draft_cache(model, make_policy(name, budget=64, obs_window=8))
+            got = _decode(model, cache, ids, 24)
+            torch.testing.assert_close(got, reference, atol=2e-5, rtol=1e-5, msg=f"{architecture}/{name}")
+
+
+def _dense_reference(model, ids, prefill, visible):
+    """Logits with an explicit additive mask: full causal in the prefill, `visible(q, k)` after it."""
+    length = ids.shape[1]
+    mask = torch.full((length, length), float("-inf"))
+    for query in range(length):
+        for key in range(query + 1):
+            if query < prefill or visible(query, key):
+                mask[query, key] = 0.0
+    model.set_attn_implementation("eager")
+    try:
+        return model(ids, attention_mask=mask[None, None]).logits
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+@pytest.mark.parametrize(
+    "name,visible",
+    [
+        ("swa", lambda q, k: k > q - 16),
+        ("streamingllm", lambda q, k: k < 4 or k > q - 12),
+    ],
+)
+def test_window_policies_match_dense_mask_attention(name, visible):
+    model = tiny_model("llama", seed=3)
+    ids = torch.randint(0, VOCAB, (1, 56), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = _dense_reference(model, ids, 20, visible)
+        cache = make_draft_cache(model, make_policy(name, budget=16, obs_window=8))
+        got = _decode(model, cache, ids, 20)
+    torch.testing.assert_close(got, reference, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["swa", "streamingllm", "h2o", "snapkv", "rift-stat", "rift-dyn"])
+def test_working_set_is_min_budget_length(name):
+    model = tiny_model("qwen3")
+    budget = 24
+    ids = torch.randint(0, VOCAB, (1, 230), generator=torch.Generator().manual_seed(4))
+    cache = make_draft_cache(model, make_policy(name, budget=budget, obs_window=8, block_size=None))
+    with torch.no_grad():
+        model(ids[:, :30], cache=cache, use_cache=True)
+        for step in range(30, 230):
+            model(ids[:, step : step + 1], cache=cache, use_cache=True)
+            if name == "rift-dyn" and step % 17 == 0:
+                cache.refresh()
+            for layer in cache.budgeted_layers:
+                for head in layer.working_set():
+                    assert len(head) == min(budget, step + 2)
+                    assert len(set(head)) == len(head) and max(head) == step + 1
+
+
+def test_short_prompt_working_set_grows_to_budget():
+    model = tiny_model("llama")
+    cache = make_draft_cache(model, make_policy("rift-stat", budget=32, obs_window=8))
+    ids = torch.randint(0, VOCAB, (1, 60), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        model(ids[:, :10], cache=cache, use_cache=True)
+        for step in range(10, 60):
+            model(ids[:, step : step + 1], cache=cache, use_cache=True)
+            sizes = {len(head) for layer in cache.budgeted_layers for head in layer.working_set()}
+            assert sizes == {min(32, step + 2)}
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_5", "nemotron_h", "gpt_oss"])
+def test_untouched_layers_are_bit_identical(architecture):
+    model = tiny_model(architecture)
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(6))
+    plain = DynamicCache(config=model.config)
+    budgeted = make_draft_cache(model, make_policy("full"))
+    small = make_draft_cache(model, make_policy("rift-stat", budget=16, obs_window=8))
+    with torch.no_grad():
+        _decode(model, plain, ids, 20)
+        _decode(model, budgeted, ids, 20)
+        _decode(model, small, ids, 20)
+    first_budgeted = min(budgeted.budgeted_indices)
+    for index, layer in enumerate(plain.layers):
+        if index in budgeted.budgeted_indices:
+            assert isinstance(budgeted.layers[index], BudgetedLayer)
+            continue
+        assert type(budgeted.layers[index]) is type(layer)
+        for name, value in vars(layer).items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, getattr(budgeted.layers[index], name)), (index, name)
+                if index < first_budgeted:  # upstream of every budgeted layer: unaffected by the budget
+                    assert torch.equal(value, getattr(small.layers[index], name)), (index, name)
+            elif isinstance(value, dict):
+                for key, tensor in value.items():
+                    if isinstance(tensor, torch.Tensor):
+                        assert torch.equal(tensor, getattr(budgeted.layers[index], name)[key]), (index, name, key)
+
+
+def test_refresh_rescores_with_latest_queries():
+    model = tiny_model("llama", seed=7)
+    cache = make_draft_cache(model, make_policy("rift-dyn", budget=24, obs_window=8, refresh_interval=8))
+    ids = torch.randint(0, VOCAB, (1, 120), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        model(ids[:, :60], cache=cache, use_cache=True)
+        model(ids[:, 60:61], cache=cache, use_cache=True)
+        before = cache.budgeted_layers[0].selection.clone()
+        for step in range(61, 120):
+            model(ids[:, step : step + 1], cache=cache, use_cache=True)
+        layer = cache.budgeted_layers[0]
+        assert torch.equal(layer.query_positions, torch.arange(112, 120))
+        cache.refresh()
+        after = layer.selection
+    assert after.shape == before.shape
+    assert int(after.max()) <= 120 - layer.window  # outside the window of the next query
+    assert int(after.max()) > 60 - layer.window  # decode positions are candidates now
+
+
+def test_bad_input_errors_are_clear():
+    with pytest.raises(BudgetError, match="valid policies: full, swa"):
+        make_policy("snapkv2")
+    with pytest.raises(BudgetError, match="sw_ratio"):
+        make_policy("rift-stat", budget=128, sw_ratio=1.5)
+    with pytest.raises(BudgetError, match="sw_ratio"):
+        make_policy("rift-stat", budget=128, sw_ratio=0.0)
+    with pytest.raises(BudgetError, match="observation window"):
+        make_policy("rift-stat", budget=32, obs_window=64)
+    import transformers
+
+    config = transformers.NemotronHConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        n_groups=1,
+        hybrid_override_pattern="M-M-",
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(CacheError, match="no full-attention layers"):
+        make_draft_cache(model, make_policy("rift-stat", budget=64, obs_window=8))

@@ -1,0 +1,86 @@
+"""SnapKV and block scores against a from-scratch computation with explicit loops."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rift_ada.scorers import SnapKVScorer, block_order_topk, select_topk
+from rift_ada.scorers.block import block_scores
+
+
+def _reference_snapkv(queries, keys, query_positions, scaling, kernel):
+    queries, keys = queries.double().numpy(), keys.double().numpy()
+    batch, n_heads, n_queries, _ = queries.shape
+    n_kv, n_keys = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    out = np.zeros((batch, n_kv, n_keys))
+    for b in range(batch):
+        for head in range(n_heads):
+            kv = head // group
+            summed = np.zeros(n_keys)
+            for qi in range(n_queries):
+                position = int(query_positions[qi])
+                logits = [float(queries[b, head, qi] @ keys[b, kv, j]) * scaling for j in range(position + 1)]
+                top = max(logits)
+                weights = [math.exp(x - top) for x in logits]
+                total = sum(weights)
+                for j, weight in enumerate(weights):
+                    summed[j] += weight / total
+            out[b, kv] += summed / group
+    pooled = np.zeros_like(out)
+    half = kernel // 2
+    for j in range(n_keys):
+        pooled[..., j] = out[..., max(0, j - half) : j + half + 1].max(-1)
+    return pooled
+
+
+@pytest.mark.parametrize("kernel", [1, 7])
+def test_snapkv_scores_equal_from_scratch(kernel):
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(1, 4, 6, 8, generator=generator)
+    keys = torch.randn(1, 2, 30, 8, generator=generator)
+    positions = torch.arange(24, 30)
+    scorer = SnapKVScorer(obs_window=6, pool_kernel=kernel)
+    got = scorer.score(queries, keys, positions, scaling=8**-0.5)
+    expected = _reference_snapkv(queries, keys, positions, 8**-0.5, kernel)
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_topk_selects_best_candidates_sorted():
+    scores = torch.tensor([[[0.1, 0.9, 0.3, 0.8, 0.05, 0.99, 0.7]]])
+    chosen = select_topk(scores, k=3, n_candidates=5)
+    assert chosen.tolist() == [[[1, 2, 3]]]  # position 5 is not a candidate
+
+
+def test_block_scores_and_block_selection_from_scratch():
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.rand(1, 3, 45, generator=generator)
+    block = 8
+    means = block_scores(scores, block)
+    for head in range(3):
+        for index in range(means.shape[-1]):
+            chunk = scores[0, head, index * block : (index + 1) * block]
+            assert math.isclose(float(means[0, head, index]), float(chunk.mean()), rel_tol=1e-6)
+    k = 20
+    chosen = block_order_topk(scores, k, block)
+    for head in range(3):
+        ranked = sorted(range(means.shape[-1]), key=lambda i: -float(means[0, head, i]))
+        expected = []
+        for index in ranked:
+            members = sorted(
+                range(index * block, min(45, (index + 1) * block)), key=lambda j: -float(scores[0, head, j])
+            )
+            expected.extend(members)
+        assert sorted(chosen[0, head].tolist()) == sorted(expected[:k])
+
+
+def test_block_selection_takes_whole_blocks():
+    scores = torch.zeros(1, 1, 32)
+    scores[0, 0, 8:16] = 1.0
+    scores[0, 0, 24:32] = 0.5
+    chosen = select_topk(scores, k=16, n_candidates=32, block_size=8)
+    assert chosen[0, 0].tolist() == list(range(8, 16)) + list(range(24, 32))

@@ -1,0 +1,99 @@
+"""The draft/verify loop: losslessness at T = 0, distribution at T > 0, AL bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_models import VOCAB, tiny_model
+from transformers import DynamicCache
+
+from rift_ada.budget import POLICY_NAMES, make_policy
+from rift_ada.speculative import PeriodicRefresh, speculative_generate
+
+
+def _greedy(model, prompt, n_tokens):
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+        out = []
+        for _ in range(n_tokens):
+            token = int(logits.argmax())
+            out.append(token)
+            logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+    return out
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "gpt_oss", "nemotron_h"])
+def test_t0_output_equals_target_greedy_for_every_policy(architecture):
+    model = tiny_model(architecture, seed=11)
+    prompt = torch.randint(0, VOCAB, (50,), generator=torch.Generator().manual_seed(3)).tolist()
+    expected = _greedy(model, prompt, 36)
+    for name in POLICY_NAMES:
+        policy = make_policy(name, budget=16, obs_window=8, **({"refresh_interval": 8} if name == "rift-dyn" else {}))
+        result = speculative_generate(model, prompt, policy=policy, max_new_tokens=36, draft_length=5)
+        assert result.tokens == expected, f"{architecture}/{name}"
+        assert sum(r.al for r in result.rounds) == 36
+        if name == "rift-dyn":
+            assert result.refreshes >= 3
+
+
+def test_full_kv_self_speculation_accepts_everything():
+    model = tiny_model("llama", seed=2)
+    prompt = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    result = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=12 * 5, draft_length=11)
+    assert [r.al for r in result.rounds] == [12] * 5
+    assert result.acceptance_length == 12
+
+
+def test_external_target_and_refresh_hook_called():
+    draft = tiny_model("llama", seed=5)
+    target = tiny_model("llama", seed=6)
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    hook = PeriodicRefresh(10)
+    result = speculative_generate(
+        draft,
+        prompt,
+        target_model=target,
+        policy=make_policy("rift-stat", budget=16, obs_window=8),
+        max_new_tokens=40,
+        refresh_hook=hook,
+    )
+    assert result.tokens == _greedy(target, prompt, 40)
+    assert result.refreshes == sum(r.refreshed for r in result.rounds) >= 3
+    assert all(len(r.draft_entropies) >= 1 and min(r.draft_entropies) >= 0 for r in result.rounds)
+
+
+def test_t1_next_token_distribution_matches_target():
+    """Chi-square of the first two committed tokens against the target's exact distribution."""
+    draft = tiny_model("llama", seed=21)
+    target = tiny_model("llama", seed=22)
+    with torch.no_grad():
+        for model in (draft, target):
+            model.get_output_embeddings().weight.mul_(2.0)  # a few likely tokens, clearly different
+    prompt = [3, 17, 42, 8, 9, 60, 1, 5]
+    with torch.no_grad():
+        probs = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        draft_probs = torch.softmax(draft(torch.tensor([prompt])).logits[0, -1].double(), -1)
+    assert float((probs - draft_probs).abs().sum()) > 0.3  # the draft really differs
+    keep = probs > 0.02
+    n_runs = 1500
+    counts = torch.zeros(VOCAB)
+    for seed in range(n_runs):
+        result = speculative_generate(
+            draft,
+            prompt,
+            target_model=target,
+            policy=make_policy("swa", budget=4),
+            max_new_tokens=1,
+            draft_length=3,
+            temperature=1.0,
+            seed=seed,
+        )
+        counts[result.tokens[0]] += 1
+    observed = torch.cat([counts[keep], counts[~keep].sum()[None]]).numpy()
+    expected = torch.cat([probs[keep], probs[~keep].sum()[None]]).numpy() * n_runs
+    assert chisquare(observed, expected).pvalue > 1e-3
+    # The same test rejects the draft's own distribution (a broken rule that accepts everything).
+    wrong = torch.cat([draft_probs[keep], draft_probs[~keep].sum()[None]]).numpy() * n_runs
+    assert chisquare(observed, wrong * observed.sum() / wrong.sum()).pvalue < 1e-3
