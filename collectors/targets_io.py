@@ -1,0 +1,262 @@
+"""Target responses: one Parquet file of fixed target outputs that probe collection teacher-forces.
+
+Columns (see ``docs/traces.md``): request_id, dataset, category, tier, isl, prompt_token_ids
+(list<int32>), response_token_ids (list<int32>), response_text, target_model, temperature, seed.
+Generation settings and provenance live as JSON in the Parquet schema metadata
+(key ``rift_ada.targets``). Responses generated elsewhere are brought in with :func:`import_targets`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rift_ada.collectors.datasets import DatasetError, Request, encode_prompt, encode_text, read_records
+from rift_ada.collectors.trace_io import package_versions
+
+FORMAT = "rift-ada.targets"
+VERSION = 1
+META_KEY = b"rift_ada.targets"
+TARGET_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("dataset", pa.string()),
+        ("category", pa.string()),
+        ("tier", pa.string()),
+        ("isl", pa.int64()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("response_token_ids", pa.list_(pa.int32())),
+        ("response_text", pa.string()),
+        ("target_model", pa.string()),
+        ("temperature", pa.float64()),
+        ("seed", pa.int64()),
+    ]
+)
+TARGET_COLUMNS: tuple[str, ...] = tuple(TARGET_SCHEMA.names)
+_REQUIRED_ROW_FIELDS = ("request_id", "dataset", "category", "tier", "prompt_token_ids", "response_token_ids")
+_TEXT_FIELDS = ("response_text", "response", "output", "text")
+_TOKEN_FIELDS = ("response_token_ids", "output_token_ids", "tokens")
+_ID_FIELDS = ("request_id", "id", "question_id")
+
+
+class TargetsError(ValueError):
+    """A targets file that cannot be written, read or imported; the message names file and field."""
+
+
+def target_row(
+    request: Request,
+    prompt_token_ids: Sequence[int],
+    response_token_ids: Sequence[int],
+    response_text: str,
+    *,
+    target_model: str,
+    temperature: float,
+    seed: int | None,
+) -> dict[str, Any]:
+    """One targets row for ``request`` (``isl`` is the prompt length in tokens)."""
+    return {
+        "request_id": request.request_id,
+        "dataset": request.dataset,
+        "category": request.category,
+        "tier": request.tier,
+        "isl": len(prompt_token_ids),
+        "prompt_token_ids": [int(token) for token in prompt_token_ids],
+        "response_token_ids": [int(token) for token in response_token_ids],
+        "response_text": response_text,
+        "target_model": target_model,
+        "temperature": float(temperature),
+        "seed": seed,
+    }
+
+
+def _complete_row(row: Mapping[str, Any], meta: Mapping[str, Any], index: int) -> dict[str, Any]:
+    for name in _REQUIRED_ROW_FIELDS:
+        if row.get(name) is None:
+            raise TargetsError(f"targets row {index}: missing required field {name!r}")
+    full = {name: row.get(name) for name in TARGET_COLUMNS}
+    for name in ("target_model", "temperature", "seed"):
+        if full[name] is None:
+            full[name] = meta.get(name)
+    if full["target_model"] is None or full["temperature"] is None:
+        raise TargetsError(
+            f"targets row {index} ({row['request_id']!r}): 'target_model' and 'temperature' must be given "
+            "in the row or in meta"
+        )
+    if full["isl"] is None:
+        full["isl"] = len(full["prompt_token_ids"])
+    if full["response_text"] is None:
+        full["response_text"] = ""
+    return full
+
+
+def write_targets(path: str | Path, rows: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+    """Write target rows atomically (temporary file + ``os.replace``); ``meta`` goes to schema metadata.
+
+    ``target_model`` / ``temperature`` / ``seed`` missing from a row are taken from ``meta``.
+    """
+    path = Path(path)
+    completed = [_complete_row(row, meta, index) for index, row in enumerate(rows)]
+    seen: set[str] = set()
+    for row in completed:
+        if row["request_id"] in seen:
+            raise TargetsError(f"{path}: duplicate request id {row['request_id']!r}")
+        seen.add(row["request_id"])
+    full_meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": package_versions(),
+        **dict(meta),
+    }
+    try:
+        table = pa.Table.from_pylist(completed, schema=TARGET_SCHEMA)
+        encoded_meta = json.dumps(full_meta, sort_keys=True, default=str).encode("utf-8")
+    except (pa.ArrowException, TypeError, ValueError) as error:
+        raise TargetsError(f"{path}: cannot encode target rows ({error})") from error
+    table = table.replace_schema_metadata({META_KEY: encoded_meta})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        pq.write_table(table, temporary, compression="zstd")
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read_table(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise TargetsError(f"{path}: targets file not found")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise TargetsError(f"{path}: unreadable targets Parquet ({error})") from error
+    missing = [name for name in TARGET_COLUMNS if name not in table.column_names]
+    if missing:
+        raise TargetsError(f"{path}: targets file lacks column(s) {missing}")
+    return table
+
+
+def read_targets(path: str | Path) -> list[dict[str, Any]]:
+    """Target rows as dicts (token ids as lists of int), in file order."""
+    path = Path(path)
+    rows = _read_table(path).select(list(TARGET_COLUMNS)).to_pylist()
+    for index, row in enumerate(rows):
+        for name in ("request_id", "prompt_token_ids", "response_token_ids"):
+            if row[name] is None:
+                raise TargetsError(f"{path}: row {index + 1}: field {name!r} is null")
+    return rows
+
+
+def read_targets_meta(path: str | Path) -> dict[str, Any]:
+    """The generation settings and provenance stored with a targets file."""
+    path = Path(path)
+    metadata = _read_table(path).schema.metadata or {}
+    if META_KEY not in metadata:
+        return {}
+    try:
+        return json.loads(metadata[META_KEY])
+    except json.JSONDecodeError as error:
+        raise TargetsError(f"{path}: corrupt targets metadata ({error})") from error
+
+
+def _first(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str | None, Any]:
+    for name in names:
+        if record.get(name) is not None:
+            return name, record[name]
+    return None, None
+
+
+def import_targets(
+    path: str | Path,
+    tokenizer: Any,
+    requests: Sequence[Request],
+    *,
+    target_model: str = "external",
+    temperature: float = 0.0,
+    seed: int | None = None,
+    strict: bool = False,
+) -> list[dict[str, Any]]:
+    """Target rows from externally generated responses (JSONL or Parquet) for ``requests``.
+
+    Each record needs a request id (``request_id`` / ``id`` / ``question_id``) and either response
+    text (``response_text`` / ``response`` / ``output`` / ``text``, tokenised with ``tokenizer``)
+    or token ids (``response_token_ids`` / ``output_token_ids`` / ``tokens``, decoded for
+    ``response_text`` when the tokenizer can). Optional per-record ``target_model``,
+    ``temperature``, ``seed`` override the arguments. Requests without a response are skipped
+    unless ``strict``. Rows come back in ``requests`` order, ready for :func:`write_targets`.
+    """
+    path = Path(path)
+    if tokenizer is None:
+        raise TargetsError(f"{path}: importing targets needs the draft/target tokenizer")
+    by_id = {request.request_id: request for request in requests}
+    try:
+        records = read_records(path)
+    except DatasetError as error:
+        raise TargetsError(str(error)) from error
+    imported: dict[str, dict[str, Any]] = {}
+    for where, record in records:
+        _, raw_id = _first(record, _ID_FIELDS)
+        if raw_id is None:
+            raise TargetsError(f"{where}: missing required field 'request_id'")
+        request_id = str(raw_id)
+        request = by_id.get(request_id)
+        if request is None:
+            raise TargetsError(f"{where}: request id {request_id!r} is not in the dataset")
+        if request_id in imported:
+            raise TargetsError(f"{where}: duplicate response for request {request_id!r}")
+        token_field, tokens = _first(record, _TOKEN_FIELDS)
+        _, text = _first(record, _TEXT_FIELDS)
+        if tokens is not None:
+            if not isinstance(tokens, list) or not all(isinstance(token, int) for token in tokens):
+                raise TargetsError(f"{where}: field {token_field!r} must be a list of integers")
+            if text is None:
+                decode = getattr(tokenizer, "decode", None)
+                text = decode(tokens) if callable(decode) else ""
+        elif text is not None:
+            if not isinstance(text, str):
+                raise TargetsError(f"{where}: response text must be a string")
+            tokens = encode_text(tokenizer, text)
+        else:
+            raise TargetsError(
+                f"{where}: missing response: give 'response_text' (or 'response') or 'response_token_ids'"
+            )
+        if not tokens:
+            raise TargetsError(f"{where}: empty response for request {request_id!r}")
+        imported[request_id] = target_row(
+            request,
+            encode_prompt(tokenizer, request.prompt_messages),
+            tokens,
+            str(text),
+            target_model=str(record.get("target_model") or target_model),
+            temperature=float(record["temperature"])
+            if record.get("temperature") is not None
+            else temperature,
+            seed=int(record["seed"]) if record.get("seed") is not None else seed,
+        )
+    missing = [request.request_id for request in requests if request.request_id not in imported]
+    if strict and missing:
+        raise TargetsError(f"{path}: no response for {len(missing)} request(s), e.g. {missing[:5]}")
+    return [imported[request.request_id] for request in requests if request.request_id in imported]
+
+
+__all__ = [
+    "TARGET_COLUMNS",
+    "TARGET_SCHEMA",
+    "TargetsError",
+    "import_targets",
+    "read_targets",
+    "read_targets_meta",
+    "target_row",
+    "write_targets",
+]
