@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from rift_ada.collectors.datasets import DatasetError, Request, encode_prompt, encode_text, read_records
 from rift_ada.collectors.trace_io import package_versions
 

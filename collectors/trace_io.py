@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from rift_ada.collectors.probe_traces import REQUEST_COLUMNS, ProbeTraces, arm_age
 
 FORMAT = "rift-ada.traces"

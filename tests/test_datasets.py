@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from rift_ada.collectors.datasets import (
     BUCKET_FILL_MIN,
     HIGH_CATEGORIES,

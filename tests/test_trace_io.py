@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from rift_ada.collectors.datasets import Request, encode_prompt
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.synthetic import synthetic_traces
