@@ -322,6 +322,34 @@ class BudgetedLayer(DynamicLayer):
             masses.append(torch.stack(arm_masses))
         return torch.stack(masses).mean(0) if masses else torch.zeros(0)
 
+    def current_retained_mass(self, n_queries: int = 8) -> float:
+        """Full-KV attention mass of the latest ``n_queries`` queries that falls in their working sets."""
+        if self.policy.is_full or self.query_buffer is None or self.selection is None:
+            return 1.0
+        queries = self.query_buffer[:1, :, -n_queries:]
+        positions = self.query_positions[-n_queries:]
+        n_kv = self.keys.shape[1]
+        group = queries.shape[1] // n_kv
+        grouped = queries.reshape(1, n_kv, group, queries.shape[2], -1).float()
+        keys = self.stored_keys()[:1].float()
+        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys) * self.scaling
+        key_positions = torch.arange(keys.shape[2], device=keys.device)
+        causal = key_positions[None, :] <= positions[:, None]
+        logits = logits.masked_fill(~causal, float("-inf"))
+        if self.sinks is not None:
+            sink = self.sinks.float().reshape(1, n_kv, group, 1, 1).expand(1, -1, -1, logits.shape[3], 1)
+            probs = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+        else:
+            probs = torch.softmax(logits, -1)
+        visible = (key_positions[None, :] > positions[:, None] - self.window) & causal  # (q, n)
+        visible = visible[None].expand(n_kv, -1, -1).clone()
+        chosen = torch.zeros(n_kv, keys.shape[2], dtype=torch.bool, device=keys.device)
+        chosen.scatter_(1, self.selection[0], True)
+        if self._is_prefix():
+            chosen[:, : self.capacity] = True
+        visible |= chosen[:, None, :] & causal[None]
+        return float((probs[0] * visible[:, None]).sum(-1).mean())
+
     # ---- bookkeeping for the draft/verify loop -----------------------------------------------
     def pop_query_summary(self) -> torch.Tensor | None:
         """Mean pre-RoPE query per KV group (b, kv, d) since the last pop."""
@@ -412,6 +440,11 @@ class BudgetedCache(DynamicCache):
         if any(summary is None for summary in summaries):
             return None
         return [summary[0].tolist() for summary in summaries]
+
+    def retained_mass(self, n_queries: int = 8) -> float:
+        """Share of full-KV attention that the current working sets hold (mean over layers, heads, queries)."""
+        masses = [layer.current_retained_mass(n_queries) for layer in self.budgeted_layers]
+        return float(sum(masses) / len(masses))
 
     def snapshot(self) -> list[Any]:
         """State to roll the cache back to (rejected draft tokens must leave the cache)."""

@@ -769,7 +769,7 @@ def make_controller_dict(
     signals: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A validated controller dict; ``cache``/``schedule``/``signals`` override DESIGN.md defaults key by key."""
+    """A validated controller dict; ``cache``/``schedule``/``signals`` override the defaults key by key."""
     data: dict[str, Any] = {
         "format": CONTROLLER_FORMAT,
         "version": CONTROLLER_VERSION,

@@ -131,6 +131,7 @@ def speculative_generate(
     limit = len(forced_tokens) if forced_tokens is not None else max_new_tokens
 
     _forward(draft_model, prompt_ids[:-1], draft_cache, 0)
+    draft_cache.query_summary()  # query summaries cover the output only
     _forward(target, prompt_ids[:-1], target_cache, 0)
     pending = [prompt_ids[-1]]  # committed tokens not yet in either cache
     cache_length = len(prompt_ids) - 1

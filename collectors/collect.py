@@ -1,0 +1,428 @@
+"""`rift-ada targets` and `rift-ada collect`: from a dataset and a model pair to trace directories.
+
+Each request is written as its own part once complete, so an interrupted collection resumes by
+skipping committed requests; ``shard="i/N"`` takes a deterministic part of the requests so N
+machines (or GPUs) can fill one directory together.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rift_ada.budget import CachePolicy, make_policy
+from rift_ada.collectors.datasets import Request, encode_prompt
+from rift_ada.collectors.probe import probe_arms, probe_request
+from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+from rift_ada.collectors.targets import generate_response
+from rift_ada.collectors.targets_io import read_targets, target_row, write_targets
+from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest, shard_requests
+from rift_ada.controller import Controller
+from rift_ada.hooks import ControllerRefresh
+from rift_ada.speculative import speculative_generate
+
+ProgressFn = Callable[[str, int], None]  # (request id, output tokens) after each request
+
+
+@dataclass
+class CollectSettings:
+    """What a collection measures; the identity part of the manifest comes from here."""
+
+    draft: str
+    target: str
+    temperature: float = 0.0
+    seed: int = 0
+    draft_length: int = 11
+    decision_stride: int = 8
+    budget: int = 512
+    sw_ratio: float = 0.5
+    obs_window: int = 64
+    block_size: int | None = None
+    arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES
+    dataset: str = "embedded"
+
+    def cache_policy(self, name: str = "rift-stat", refresh_interval: int | None = None) -> CachePolicy:
+        fields: dict[str, Any] = {"sw_ratio": self.sw_ratio, "obs_window": self.obs_window}
+        if name in ("rift-stat", "rift-dyn"):
+            fields["block_size"] = self.block_size
+        if refresh_interval is not None:
+            fields["refresh_interval"] = refresh_interval
+        return make_policy(name, budget=self.budget, **fields)
+
+    def cache_json(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "sw_ratio": self.sw_ratio,
+            "scorer": "snapkv",
+            "block_size": self.block_size,
+            "obs_window": self.obs_window,
+        }
+
+    def manifest(self, mode: str, n_requests: int, **extra: Any) -> dict[str, Any]:
+        fields = {
+            "mode": mode,
+            "draft": self.draft,
+            "target": self.target,
+            "temperature": float(self.temperature),
+            "seed": self.seed,
+            "draft_length": self.draft_length,
+            "decision_stride": self.decision_stride,
+            "cache": self.cache_json(),
+            "dataset": self.dataset,
+            "n_requests": n_requests,
+        }
+        if mode == "probe":
+            fields["arms"] = list(probe_arms(self.arm_ages))
+        fields.update(extra)
+        return base_manifest(**fields)
+
+
+@dataclass
+class ClosedPolicy:
+    """A closed-loop policy: the draft cache policy and the controller that refreshes it."""
+
+    label: str
+    cache: CachePolicy
+    controller: dict[str, Any]
+
+
+NEVER = 1 << 30
+BASELINE_CACHE_POLICIES = ("full", "swa", "streamingllm", "h2o", "snapkv")
+
+
+def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
+    """``full``/``swa``/``streamingllm``/``h2o``/``snapkv``/``stat`` (never refreshed), ``periodic:N`` /
+    ``dyn:N`` (RIFT-dyn), or a controller JSON path (RIFT-ada)."""
+    from rift_ada.controller import make_controller_dict
+
+    def controller(policy: dict[str, Any], name: str, schedule: dict[str, int]) -> dict[str, Any]:
+        return make_controller_dict(
+            policy,
+            name=name,
+            draft=settings.draft,
+            target=settings.target,
+            temperature=settings.temperature,
+            cache=settings.cache_json(),
+            schedule={"decision_stride": settings.decision_stride, **schedule},
+        )
+
+    never = controller({"kind": "periodic", "interval": NEVER}, spec, {"min_age": 0, "max_age": NEVER})
+    if spec in BASELINE_CACHE_POLICIES:
+        return ClosedPolicy(spec, settings.cache_policy(spec), never)
+    if spec in ("stat", "rift-stat"):
+        return ClosedPolicy("stat", settings.cache_policy("rift-stat"), never)
+    kind, _, value = spec.partition(":")
+    if kind in ("periodic", "dyn") and value.isdigit() and int(value) >= 1:
+        interval = int(value)
+        periodic = controller(
+            {"kind": "periodic", "interval": interval}, spec, {"min_age": 0, "max_age": max(768, interval)}
+        )
+        return ClosedPolicy(f"periodic:{interval}", settings.cache_policy("rift-stat"), periodic)
+    path = Path(spec)
+    if path.suffix == ".json" and path.exists():
+        loaded = Controller.load(path).to_dict()
+        return ClosedPolicy(loaded.get("name", path.stem), settings.cache_policy("rift-stat"), loaded)
+    raise ValueError(
+        f"unknown policy {spec!r}: use one of {', '.join(BASELINE_CACHE_POLICIES)}, stat, periodic:N, "
+        "or a controller JSON file"
+    )
+
+
+def _request_row(request: Request, isl: int, osl: int) -> dict[str, list[Any]]:
+    """The one-row ``requests`` table of a request."""
+    return {
+        "request_id": [request.request_id],
+        "dataset": [request.dataset],
+        "category": [request.category],
+        "tier": [request.tier],
+        "isl": [isl],
+        "osl": [osl],
+    }
+
+
+def generate_targets(
+    target_model: Any,
+    tokenizer: Any,
+    requests: Sequence[Request],
+    out_path: str | Path,
+    *,
+    target_name: str,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_new_tokens: int = 512,
+    min_new_tokens: int = 0,
+    on_request: ProgressFn | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Generate target responses for ``requests`` and write them (atomically) to ``out_path``."""
+    rows = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for index, request in enumerate(requests):
+        prompt_ids = encode_prompt(tokenizer, request.prompt_messages)
+        limit = request.max_output_tokens or max_new_tokens
+        response = generate_response(
+            target_model,
+            prompt_ids,
+            max_new_tokens=min(limit, max_new_tokens),
+            temperature=temperature,
+            seed=seed + index,
+            eos_token_id=eos,
+            min_new_tokens=min(min_new_tokens, limit),
+            on_token=on_token,
+        )
+        text = tokenizer.decode(response, skip_special_tokens=True)
+        rows.append(
+            target_row(
+                request,
+                prompt_ids,
+                response,
+                text,
+                target_model=target_name,
+                temperature=temperature,
+                seed=seed + index,
+            )
+        )
+        if on_request is not None:
+            on_request(request.request_id, len(response))
+    write_targets(out_path, rows, {"target_model": target_name, "temperature": temperature, "seed": seed})
+    return rows
+
+
+def _targets_by_id(targets: str | Path | Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rows = read_targets(targets) if isinstance(targets, (str, Path)) else list(targets)
+    return {row["request_id"]: row for row in rows}
+
+
+@dataclass
+class CollectionSummary:
+    """What a collection did (printed by the CLI, returned to callers)."""
+
+    out_dir: str
+    mode: str
+    n_requests: int
+    skipped: int
+    collected: int
+    output_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _todo(
+    requests: Sequence[Request], targets: dict[str, dict[str, Any]], shard: str | None, writer: TraceWriter
+) -> tuple[list[Request], int]:
+    mine = shard_requests(list(requests), shard)
+    missing = [request.request_id for request in mine if request.request_id not in targets]
+    if missing:
+        raise TraceError(f"no target response for request(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    done = writer.completed_request_ids()
+    return [request for request in mine if request.request_id not in done], len(mine)
+
+
+def collect_probe(
+    draft_model: Any,
+    requests: Sequence[Request],
+    targets: str | Path | Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    settings: CollectSettings,
+    *,
+    target_model: Any | None = None,
+    shard: str | None = None,
+    on_request: ProgressFn | None = None,
+    extra_manifest: dict[str, Any] | None = None,
+) -> CollectionSummary:
+    """Probe every request (teacher-forced on its target response) into ``out_dir``."""
+    by_id = _targets_by_id(targets)
+    max_positions = max(
+        (len(by_id[r.request_id]["response_token_ids"]) for r in requests if r.request_id in by_id), default=0
+    )
+    manifest = settings.manifest("probe", len(requests), max_positions=max_positions, **(extra_manifest or {}))
+    writer = TraceWriter(out_dir, manifest, shard=shard)
+    todo, n_mine = _todo(requests, by_id, shard, writer)
+    arms = probe_arms(settings.arm_ages)
+    policy = settings.cache_policy("rift-stat")
+    tokens = 0
+    for request in todo:
+        row = by_id[request.request_id]
+        prompt_ids, response_ids = list(row["prompt_token_ids"]), list(row["response_token_ids"])
+        result = probe_request(
+            draft_model,
+            prompt_ids,
+            response_ids,
+            policy=policy,
+            temperature=settings.temperature,
+            arm_ages=settings.arm_ages,
+            decision_stride=settings.decision_stride,
+            target_model=target_model,
+        )
+        n_out, n_strides = len(response_ids), result.query_drift.shape[1]
+        arm_names = np.array(arms)
+        writer.write_requests(
+            {
+                "requests": _request_row(request, len(prompt_ids), n_out),
+                "positions": {
+                    "request_id": [request.request_id] * (len(arms) * n_out),
+                    "arm": np.repeat(arm_names, n_out),
+                    "position": np.tile(np.arange(n_out), len(arms)),
+                    "outcome": result.outcome.reshape(-1),
+                    "entropy": result.entropy.reshape(-1),
+                },
+                "strides": {
+                    "request_id": [request.request_id] * (len(arms) * n_strides),
+                    "arm": np.repeat(arm_names, n_strides),
+                    "stride": np.tile(np.arange(n_strides), len(arms)),
+                    "query_drift": result.query_drift.reshape(-1),
+                    "retained_mass": result.retained_mass.reshape(-1),
+                },
+            }
+        )
+        tokens += n_out
+        if on_request is not None:
+            on_request(request.request_id, n_out)
+    return CollectionSummary(str(out_dir), "probe", n_mine, n_mine - len(todo), len(todo), tokens)
+
+
+def collect_closed(
+    draft_model: Any,
+    requests: Sequence[Request],
+    targets: str | Path | Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    settings: CollectSettings,
+    policies: Sequence[str],
+    *,
+    target_model: Any | None = None,
+    shard: str | None = None,
+    on_request: ProgressFn | None = None,
+    extra_manifest: dict[str, Any] | None = None,
+) -> CollectionSummary:
+    """Run the real draft/verify loop, teacher-forced on the target responses, for every policy."""
+    resolved = [resolve_closed_policy(spec, settings) for spec in policies]
+    labels = [policy.label for policy in resolved]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"policies: duplicate labels {labels}")
+    extra = {"policies": labels, "controllers": {p.label: p.controller for p in resolved}, **(extra_manifest or {})}
+    manifest = settings.manifest("closed", len(requests), **extra)
+    writer = TraceWriter(out_dir, manifest, shard=shard)
+    if writer.manifest.get("policies") != labels:
+        raise TraceError(
+            f"{out_dir}/manifest.json: policies {writer.manifest.get('policies')} differ from {labels}; "
+            "use another output directory"
+        )
+    by_id = _targets_by_id(targets)
+    todo, n_mine = _todo(requests, by_id, shard, writer)
+    tokens = 0
+    for request_index, request in enumerate(todo):
+        row = by_id[request.request_id]
+        prompt_ids, response_ids = list(row["prompt_token_ids"]), list(row["response_token_ids"])
+        rounds: dict[str, list[Any]] = {
+            key: []
+            for key in (
+                "request_id",
+                "policy",
+                "round",
+                "position",
+                "accepted",
+                "al",
+                "entropy_mean",
+                "age",
+                "refreshed",
+            )
+        }
+        strides: list[dict[str, Any]] = []
+        for policy in resolved:
+            hook = ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True)
+            result = speculative_generate(
+                draft_model,
+                prompt_ids,
+                policy=policy.cache,
+                target_model=target_model,
+                draft_length=settings.draft_length,
+                temperature=settings.temperature,
+                seed=settings.seed + request_index,
+                refresh_hook=hook,
+                forced_tokens=response_ids,
+            )
+            for record in result.rounds:
+                rounds["request_id"].append(request.request_id)
+                rounds["policy"].append(policy.label)
+                rounds["round"].append(record.index)
+                rounds["position"].append(record.position)
+                rounds["accepted"].append(record.accepted)
+                rounds["al"].append(record.al)
+                rounds["entropy_mean"].append(float(np.mean(record.draft_entropies)))
+                rounds["age"].append(record.age)
+                rounds["refreshed"].append(record.refreshed)
+            for stride_row in hook.strides:
+                strides.append({"request_id": request.request_id, "policy": policy.label, **stride_row})
+            tokens += len(response_ids)
+        stride_columns = [
+            "request_id",
+            "policy",
+            "stride",
+            "position",
+            "age",
+            "acceptance",
+            "entropy",
+            "query_drift",
+            "acceptance_drop",
+            "entropy_rise",
+            "refreshed",
+            "retained_mass",
+        ]
+        stride_table = {
+            column: [(np.nan if r.get(column) is None else r.get(column)) for r in strides] for column in stride_columns
+        }
+        writer.write_requests(
+            {
+                "requests": _request_row(request, len(prompt_ids), len(response_ids)),
+                "rounds": rounds,
+                "strides": stride_table,
+            }
+        )
+        if on_request is not None:
+            on_request(request.request_id, len(response_ids))
+    return CollectionSummary(
+        str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}
+    )
+
+
+def closed_results(out_dir: str | Path) -> dict[str, dict[str, np.ndarray]]:
+    """Per policy, per-request totals of a closed run: request_id, committed, rounds, refreshes, al."""
+    from rift_ada.collectors.trace_io import read_tables
+
+    tables = read_tables(out_dir, kinds=["rounds"])
+    table = tables["rounds"]
+    columns = {name: np.asarray(table.column(name).to_pylist()) for name in ("request_id", "policy", "al", "refreshed")}
+    results: dict[str, dict[str, np.ndarray]] = {}
+    for label in sorted(set(columns["policy"].tolist())):
+        mask = columns["policy"] == label
+        ids = columns["request_id"][mask]
+        unique = np.array(sorted(set(ids.tolist())))
+        committed = np.array([columns["al"][mask][ids == rid].sum() for rid in unique])
+        n_rounds = np.array([(ids == rid).sum() for rid in unique])
+        refreshes = np.array([columns["refreshed"][mask][ids == rid].sum() for rid in unique])
+        results[label] = {
+            "request_id": unique,
+            "committed": committed,
+            "rounds": n_rounds,
+            "refreshes": refreshes,
+            "al": committed / np.maximum(n_rounds, 1),
+        }
+    return results
+
+
+def save_json(path: str | Path, data: Any) -> None:
+    """Write JSON atomically (temp name + rename)."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=float))
+    os.replace(temporary, path)

@@ -1,0 +1,206 @@
+"""Probe collection: one teacher-forced pass over a fixed target response, every arm per stride.
+
+The draft runs once over the response, stride by stride. A *canonical* cache stores the full draft
+KV (computed with full attention) and rescores a selection at every stride boundary; the
+selection history gives each arm its working set: ``age:N`` uses the selection made N tokens
+before the stride, ``stat`` the prefill selection, ``full`` everything. Per stride, all compressed
+arms run as one batched forward (batch = arms) over the shared stored KV, then the canonical pass
+stores the stride. Never a K-step draft loop: the cost is one pass per arm per stride.
+
+Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
+greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x))) and the draft
+entropy; per stride and arm: query drift against the arm's last refresh and retained mass.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from rift_ada.budget import CachePolicy
+from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
+from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
+
+
+class ProbeError(ValueError):
+    """Probe settings that cannot work (names the field)."""
+
+
+@dataclass
+class ProbeResult:
+    """Arrays of one request: (A, P) per position, (A, S) per stride, arms in ``arms`` order."""
+
+    arms: tuple[str, ...]
+    outcome: np.ndarray
+    entropy: np.ndarray
+    query_drift: np.ndarray
+    retained_mass: np.ndarray
+
+
+def probe_arms(arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES) -> tuple[str, ...]:
+    return tuple(age_arm(age) for age in arm_ages) + (ARM_STAT, ARM_FULL)
+
+
+def _cosine_drift(now: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """1 - mean over layers and groups of cos(now, reference)."""
+    values = [
+        torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean()
+        for a, b in zip(now, reference, strict=True)
+    ]
+    return float(1.0 - torch.stack(values).mean())
+
+
+def _entropy_and_probs(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    log_probs = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    probs = log_probs.exp()
+    return -(probs * log_probs).sum(-1), probs
+
+
+def _forward(model: Any, tokens: torch.Tensor, cache: Any, start: int) -> torch.Tensor:
+    positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
+    return model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits
+
+
+def _arm_working_sets(
+    layer: BudgetedLayer, selections: list[torch.Tensor], window_start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad per-arm selections to one tensor; unfilled (prefix) selections see positions < k."""
+    capacity = layer.capacity
+    device = layer.keys.device
+    padded, valid, prefix_limit = [], [], []
+    for selection in selections:
+        if selection.shape[-1] < capacity:  # unfilled: everything below k that precedes the window
+            count = min(capacity, window_start)
+            selection = torch.arange(count, device=device).expand(selection.shape[1], count)[None]
+            prefix_limit.append(capacity)
+        else:
+            prefix_limit.append(0)
+        size = selection.shape[-1]
+        pad = capacity - size
+        padded.append(torch.nn.functional.pad(selection[0], (0, pad)))
+        valid.append(torch.arange(capacity, device=device) < size)
+    return (
+        torch.stack(padded),
+        torch.stack(valid)[:, None, :],
+        torch.tensor(prefix_limit, device=device),
+    )
+
+
+@torch.no_grad()
+def probe_request(
+    draft_model: Any,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    *,
+    policy: CachePolicy,
+    temperature: float = 0.0,
+    arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES,
+    decision_stride: int = 8,
+    target_model: Any | None = None,
+) -> ProbeResult:
+    """Probe one request; ``target_model=None`` is KV self-speculation (the full arm is the target)."""
+    if any(age % decision_stride for age in arm_ages):
+        raise ProbeError(f"arm ages {arm_ages} must be multiples of decision_stride={decision_stride}")
+    if policy.is_full:
+        raise ProbeError("policy: probe arms need a compressed policy (got 'full')")
+    if len(prompt_ids) < 2 or not response_ids:
+        raise ProbeError("need a prompt of >= 2 tokens and a non-empty response")
+    device = next(draft_model.parameters()).device
+    arms = probe_arms(arm_ages)
+    compressed = len(arm_ages) + 1  # the age arms and stat run batched; full is the canonical pass
+    n_out = len(response_ids)
+    n_strides = -(-n_out // decision_stride)
+    outcome = np.full((len(arms), n_out), np.nan, dtype=np.float32)
+    entropy = np.full((len(arms), n_out), np.nan, dtype=np.float32)
+    query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
+    retained_mass = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
+
+    cache: BudgetedCache = make_draft_cache(draft_model, policy)
+    layers = cache.budgeted_layers
+    for layer in layers:
+        layer.force_full = True
+    sequence = torch.tensor([prompt_ids + response_ids], device=device)
+    start = len(prompt_ids) - 1
+    _forward(draft_model, sequence[:, :start], cache, 0)
+    target_cache = None
+    if target_model is not None:
+        target_cache = DynamicCache(config=target_model.config)
+        _forward(target_model, sequence[:, :start], target_cache, 0)
+    for layer in layers:
+        layer.pop_query_summary()
+
+    max_age_strides = max(arm_ages) // decision_stride
+    history: dict[int, list[torch.Tensor]] = {}  # stride -> selection per layer (made at its start)
+    summaries: dict[int, list[torch.Tensor]] = {}  # stride -> canonical query summary per layer
+    stat_selection = [layer.compute_selection() for layer in layers]
+
+    for stride in range(n_strides):
+        first = stride * decision_stride
+        n_new = min(decision_stride, n_out - first)
+        position = start + first
+        tokens = sequence[:, position : position + n_new]
+        history[stride] = [layer.compute_selection() for layer in layers] if stride else stat_selection
+        history.pop(stride - max_age_strides - 1, None)
+        window_start = max(0, position - layers[0].window + 1)
+        arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
+        arm_selections = [history[s] for s in arm_refresh] + [stat_selection]
+        targets_per_layer = []
+        for index, layer in enumerate(layers):
+            selection, valid, prefix_limit = _arm_working_sets(
+                layer, [selections[index] for selections in arm_selections], window_start
+            )
+            layer.arm_selection, layer.arm_valid, layer.arm_prefix_limit = selection, valid, prefix_limit
+            targets_per_layer.append((selection, valid, prefix_limit))
+
+        # Compressed arms, batched: other layer kinds start from the canonical state and are put back.
+        saved = {
+            i: copy.deepcopy(layer) for i, layer in enumerate(cache.layers) if not isinstance(layer, BudgetedLayer)
+        }
+        expand = torch.zeros(compressed, dtype=torch.long, device=device)
+        for i in saved:
+            cache.layers[i].reorder_cache(expand)
+        arm_logits = _forward(draft_model, tokens.expand(compressed, -1), cache, position)
+        arm_summaries = [(layer.arm_query_sum / n_new) for layer in layers]
+        for i, layer_copy in saved.items():
+            cache.layers[i] = layer_copy
+        for index, layer in enumerate(layers):
+            layer.arm_selection = layer.arm_valid = layer.arm_prefix_limit = None
+            layer.mass_targets = [targets_per_layer[index]]
+
+        # Canonical pass: full attention, stores the stride, measures each arm's retained mass.
+        full_logits = _forward(draft_model, tokens, cache, position)
+        summaries[stride] = [layer.pop_query_summary()[0] for layer in layers]
+        summaries.pop(stride - max_age_strides - 2, None)
+        if stride == 0:
+            reference_first = summaries[0]
+        mass = torch.stack([layer.retained for layer in layers]).mean(0)
+        for layer in layers:
+            layer.mass_targets = None
+        if target_model is not None:
+            target_logits = _forward(target_model, tokens, target_cache, position)[0]
+        else:
+            target_logits = full_logits[0]
+
+        all_logits = torch.cat([arm_logits, full_logits], 0)  # (A, n_new, vocab)
+        arm_entropy, arm_probs = _entropy_and_probs(all_logits, temperature)
+        expected = torch.tensor(response_ids[first : first + n_new], device=device)
+        if temperature > 0:
+            target_probs = torch.softmax(target_logits.float() / temperature, -1)
+            values = torch.minimum(arm_probs, target_probs[None]).sum(-1)
+        else:
+            values = (all_logits.argmax(-1) == expected[None]).float()
+        outcome[:, first : first + n_new] = values.cpu().numpy()
+        entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
+        retained_mass[:compressed, stride] = mass.cpu().numpy()
+        retained_mass[-1, stride] = 1.0
+        for arm_index, refresh_stride in enumerate([*arm_refresh, 0]):
+            reference = summaries.get(refresh_stride - 1, reference_first) if refresh_stride > 0 else reference_first
+            now = [summary[arm_index] for summary in arm_summaries]
+            query_drift[arm_index, stride] = _cosine_drift(now, reference)
+        query_drift[-1, stride] = _cosine_drift(summaries[stride], reference_first)
+    return ProbeResult(arms, outcome, entropy, query_drift, retained_mass)
