@@ -1,0 +1,759 @@
+"""Vectorised replay of refresh policies over probe traces, without a model.
+
+Every request of the traces walks its fixed target response round by round. A round starting at
+committed position n reads the per-position outcomes of the arm that the current working-set age
+selects (the largest grid age <= age; ages beyond the grid use the oldest ``age:N`` arm):
+
+* T = 0: AL = 1 + number of leading matches in outcome[n : n + K], capped at K + 1;
+* T > 0: AL = 1 + sum_{j=1..K} prod_{i<j} p[n + i] (expected accepted length; p = 0 past the end),
+  positions advance by the float AL and n = floor(position) drives the decision logic.
+
+The last round is cut at the request's OSL, so committed tokens always equal the OSL. After each
+round the controller signals are fed exactly as a serving loop feeds :class:`rift_ada.Controller`
+(round AL, draft entropies of positions n .. n + K - 1 under the arm used, query drift of the
+stride holding the last committed position), then the decision rule runs. All requests (and, with
+:func:`replay_many`, all policies) step their rounds in lockstep as lanes of numpy arrays, so a
+round costs a few dozen array operations whatever the number of lanes. Decisions are bit-for-bit
+those of a ``Controller`` session stepped by hand (tests/test_replay.py asserts it).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, arm_age
+from rift_ada.controller import (
+    DEFAULT_SCHEDULE,
+    Controller,
+    make_controller_dict,
+    policy_signals,
+    validate_controller_dict,
+)
+
+__all__ = [
+    "NAMED_POLICIES",
+    "ReplayResult",
+    "named_policy_controller",
+    "replay",
+    "replay_many",
+]
+
+NAMED_POLICIES = ("stat", "full", "periodic:N", "dyn:N")
+PolicySpec = dict[str, Any] | str | Controller
+
+
+@dataclass
+class ReplayResult:
+    """Per-request outcome of one policy replayed over probe traces."""
+
+    request_ids: np.ndarray
+    committed: np.ndarray  # (R,) tokens committed (= OSL)
+    rounds: np.ndarray  # (R,) verification rounds
+    refreshes: np.ndarray  # (R,) working-set refreshes after the prefill
+    al: np.ndarray  # (R,) committed / rounds
+    position_edges: np.ndarray  # (n_bins + 1,) output-position bin edges
+    al_by_position: np.ndarray  # (R, n_bins) AL of rounds starting in each bin, NaN if none
+    policy: str = ""
+    refresh_positions: list[np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def mean_al(self) -> float:
+        """Macro mean AL over requests (as NVIDIA's specdec_bench)."""
+        return float(np.mean(self.al)) if len(self.al) else math.nan
+
+    @property
+    def refreshes_per_1k(self) -> float:
+        """Refreshes per 1,000 committed tokens over all requests."""
+        committed = float(np.sum(self.committed))
+        return 1000.0 * float(np.sum(self.refreshes)) / committed if committed else math.nan
+
+    def to_dict(self, per_request: bool = False) -> dict[str, Any]:
+        """JSON-able summary (NaN written as null); ``per_request`` adds the per-request arrays."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # bins that no request reaches
+            mean_by_position = np.nanmean(self.al_by_position, axis=0) if len(self.al) else np.array([])
+        summary: dict[str, Any] = {
+            "policy": self.policy,
+            "n_requests": len(self.request_ids),
+            "mean_al": _finite_or_none(self.mean_al),
+            "refreshes_per_1k": _finite_or_none(self.refreshes_per_1k),
+            "committed": int(np.sum(self.committed)),
+            "rounds": int(np.sum(self.rounds)),
+            "refreshes": int(np.sum(self.refreshes)),
+            "al_by_position": {
+                "edges": [int(x) for x in self.position_edges],
+                "mean_al": [_finite_or_none(x) for x in mean_by_position],
+            },
+        }
+        if per_request:
+            summary["per_request"] = {
+                "request_id": [str(x) for x in self.request_ids],
+                "committed": [int(x) for x in self.committed],
+                "rounds": [int(x) for x in self.rounds],
+                "refreshes": [int(x) for x in self.refreshes],
+                "al": [_finite_or_none(x) for x in self.al],
+            }
+        return summary
+
+
+def _finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy specs
+
+
+def named_policy_controller(name: str) -> dict[str, Any] | None:
+    """Controller dict for ``periodic:N`` / ``dyn:N``; None for ``stat`` / ``full``; ValueError otherwise.
+
+    Named periodic policies use the default decision stride, ``min_age`` 0 (so intervals below the
+    default 32 are honoured) and ``max_age`` max(768, N) (so intervals above it are too).
+    """
+    if name in (ARM_STAT, ARM_FULL):
+        return None
+    kind, _, value = name.partition(":")
+    if kind in ("periodic", "dyn") and value.isdigit() and int(value) >= 1:
+        interval = int(value)
+        return make_controller_dict(
+            {"kind": "periodic", "interval": interval},
+            name=name,
+            draft="replay",
+            target="replay",
+            temperature=0.0,
+            schedule={"min_age": 0, "max_age": max(DEFAULT_SCHEDULE["max_age"], interval)},
+        )
+    raise ValueError(f"unknown policy name {name!r}: expected one of {', '.join(NAMED_POLICIES)}")
+
+
+@dataclass
+class _Plan:
+    label: str
+    arm_mode: str  # "age", "stat" or "full"
+    controller: dict[str, Any] | None
+
+
+def _plan(policy: PolicySpec) -> _Plan:
+    if isinstance(policy, Controller):
+        return _Plan(policy.name, "age", policy.to_dict())
+    if isinstance(policy, str):
+        controller = named_policy_controller(policy)
+        return _Plan(policy, policy if controller is None else "age", controller)
+    if isinstance(policy, dict):
+        data = validate_controller_dict(policy)
+        return _Plan(data["name"], "age", data)
+    raise TypeError(f"policy must be a controller dict, a Controller or a name, got {type(policy).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy-independent tables, built once per traces object and cached on it.
+
+
+@dataclass
+class _Tables:
+    rows: np.ndarray  # (R * A * W, 3): AL of a round starting at n, entropy sum, entropy count
+    drift: np.ndarray | None  # (R * A * W,): drift of the stride holding position m - 1 (index m)
+    width: int  # W = P + 1
+    n_arms: int
+    osl: np.ndarray
+    continuous: bool
+    entropy_has_nan: bool
+    drift_may_be_nan: bool
+    arm_ages: dict[str, int | None]
+    arm_index: dict[str, int]
+    n_positions: int
+
+
+def _build_tables(traces: ProbeTraces) -> _Tables:
+    n_req, n_arms, n_pos = traces.outcome.shape
+    width = n_pos + 1
+    k = traces.draft_length
+    osl = traces.osl
+    if np.any(osl > n_pos) or np.any(osl < 0):
+        raise ValueError("probe traces: an OSL exceeds the number of positions")
+    positions = np.arange(width)
+    valid = positions[None, None, :n_pos] < osl[:, None, None]
+    continuous = traces.temperature > 0
+    remaining = np.clip(osl[:, None, None] - positions[None, None, :], 0, None).astype(np.float64)
+    if continuous:
+        accept = np.where(valid, np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0), 0.0)
+        accept = np.concatenate([accept, np.zeros((n_req, n_arms, k))], axis=2)
+        prod = np.ones((n_req, n_arms, width))
+        total = np.zeros((n_req, n_arms, width))
+        for j in range(k):
+            prod = prod * accept[:, :, j : j + width]
+            total = total + prod
+        accepted_len = 1.0 + total
+    else:
+        match = (traces.outcome > 0.5) & valid
+        marks = np.where(match, n_pos, np.arange(n_pos, dtype=np.int64))
+        next_miss = np.minimum.accumulate(marks[:, :, ::-1], axis=2)[:, :, ::-1]
+        run = np.concatenate([next_miss - np.arange(n_pos), np.zeros((n_req, n_arms, 1), np.int64)], axis=2)
+        accepted_len = np.minimum(1 + np.minimum(run, k), remaining).astype(np.float64)
+    entropy = np.where(valid, traces.entropy.astype(np.float64), 0.0)
+    entropy = np.concatenate([entropy, np.zeros((n_req, n_arms, k))], axis=2)
+    entropy_sum = np.zeros((n_req, n_arms, width))
+    for j in range(k):
+        entropy_sum = entropy_sum + entropy[:, :, j : j + width]
+    count = np.broadcast_to(np.minimum(remaining, k), (n_req, n_arms, width))
+    rows = np.stack([accepted_len, entropy_sum, count], axis=-1).reshape(-1, 3)
+    drift_table = None
+    drift_may_be_nan = True
+    if "query_drift" in traces.stride_signals:
+        drift = traces.stride_signals["query_drift"].astype(np.float64)
+        stride_of_last = np.clip((positions - 1) // traces.decision_stride, 0, drift.shape[2] - 1)
+        table = drift[:, :, stride_of_last]
+        table[:, :, 0] = np.nan
+        drift_may_be_nan = bool(np.isnan(np.where(valid, table[:, :, 1:], 0.0)).any())
+        drift_table = table.reshape(-1)
+    arm_ages = {name: arm_age(name) for name in traces.arms}
+    return _Tables(
+        rows=rows,
+        drift=drift_table,
+        width=width,
+        n_arms=n_arms,
+        osl=osl,
+        continuous=continuous,
+        entropy_has_nan=bool(np.isnan(entropy_sum).any()),
+        drift_may_be_nan=drift_may_be_nan,
+        arm_ages=arm_ages,
+        arm_index={name: i for i, name in enumerate(traces.arms)},
+        n_positions=n_pos,
+    )
+
+
+_TABLE_CACHE: dict[int, tuple[weakref.ref, tuple, _Tables]] = {}
+_TABLE_CACHE_SIZE = 4  # traces objects whose tables stay cached (splits of one calibration run)
+
+
+def _tables(traces: ProbeTraces) -> _Tables:
+    """Replay tables of ``traces``, cached while the traces object lives and its arrays are the same.
+
+    The cache is module-level (not an attribute), so pickling traces for worker processes stays cheap.
+    """
+    arrays = (traces.outcome, traces.entropy, traces.stride_signals.get("query_drift"))
+    settings = (traces.draft_length, traces.decision_stride, traces.temperature > 0, tuple(traces.arms))
+    entry = _TABLE_CACHE.get(id(traces))
+    if entry is not None:
+        ref, (cached_arrays, cached_settings), tables = entry
+        same_arrays = all(a is b for a, b in zip(cached_arrays, arrays, strict=True))
+        if ref() is traces and same_arrays and cached_settings == settings:
+            return tables
+    tables = _build_tables(traces)
+    if id(traces) not in _TABLE_CACHE:
+        weakref.finalize(traces, _TABLE_CACHE.pop, id(traces), None)
+    _TABLE_CACHE[id(traces)] = (weakref.ref(traces), (arrays, settings), tables)
+    while len(_TABLE_CACHE) > _TABLE_CACHE_SIZE:
+        del _TABLE_CACHE[next(iter(_TABLE_CACHE))]
+    return tables
+
+
+def _arm_offsets(tables: _Tables, arm_mode: str) -> np.ndarray:
+    """Row offset (arm * W) of the arm used at each age 0 .. P."""
+    if arm_mode in (ARM_STAT, ARM_FULL):
+        if arm_mode not in tables.arm_index:
+            raise ValueError(f"traces have no {arm_mode!r} arm")
+        return np.full(tables.width, tables.arm_index[arm_mode] * tables.width, dtype=np.int64)
+    grid = sorted((age, tables.arm_index[name]) for name, age in tables.arm_ages.items() if age is not None)
+    if not grid:
+        raise ValueError("traces have no age:N arms; only 'stat' and 'full' can be replayed")
+    grid_ages = np.array([age for age, _ in grid])
+    grid_arms = np.array([arm for _, arm in grid])
+    slot = np.clip(np.searchsorted(grid_ages, np.arange(tables.width), side="right") - 1, 0, None)
+    return (grid_arms[slot] * tables.width).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Vectorised policy evaluation. Each evaluator gets the signal arrays of all lanes, the ages and
+# its lane slice, and returns the "policy fires" flags of its lanes.
+
+_UFUNCS = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater}
+Node = Callable[[dict[str, np.ndarray], slice], np.ndarray]
+
+
+class _LaneParams:
+    """Numbers of a run of lanes: a float shared by all lanes, or one value (row) per lane.
+
+    Evaluators read ``values[i]`` at call time, so dropping finished lanes (:meth:`keep`) is seen
+    by every closure built over this object.
+    """
+
+    def __init__(self, n_requests: int) -> None:
+        self.n_requests = n_requests
+        self.values: list[Any] = []
+
+    def add(self, per_policy: Sequence[Any]) -> int:
+        """Register one number (or row) per policy; returns its index in ``values``."""
+        first = per_policy[0]
+        if all(np.array_equal(v, first) for v in per_policy):
+            value = float(first) if np.ndim(first) == 0 else np.asarray(first, dtype=np.float64)[None, :]
+        else:
+            value = np.repeat(np.asarray(per_policy, dtype=np.float64), self.n_requests, axis=0)
+        self.values.append(value)
+        return len(self.values) - 1
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the lanes where ``mask`` is False (in place, for the closures)."""
+        self.values[:] = [
+            v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for v in self.values
+        ]
+
+
+class _Evaluator:
+    """Policy-fires flags for a run of lanes whose policies share a skeleton."""
+
+    def __init__(self, params: _LaneParams, fires: Callable[[dict[str, np.ndarray], np.ndarray, slice], Any]):
+        self.params = params
+        self.fires = fires
+
+
+def _skeleton(policy: dict[str, Any]) -> tuple:
+    """Structure of a policy without its numbers: policies sharing it evaluate together."""
+    kind = policy["kind"]
+    if kind == "periodic":
+        return ("periodic",)
+    if kind == "score":
+        return ("score", tuple((t["signal"], len(t.get("knots", ()))) for t in policy["terms"]))
+
+    def node_skeleton(node: dict[str, Any]) -> tuple:
+        for key in ("any", "all"):
+            if key in node:
+                return (key, tuple(node_skeleton(child) for child in node[key]))
+        return ("rule", node["signal"], node["op"])
+
+    return ("gate", node_skeleton({k: v for k, v in policy.items() if k != "kind"}))
+
+
+def _lane_values(values: Sequence[float], n_requests: int) -> np.ndarray | float:
+    """Per-lane array of a per-policy number (a scalar when all policies share it)."""
+    if all(v == values[0] for v in values):
+        return float(values[0])
+    return np.repeat(np.asarray(values, dtype=np.float64), n_requests)
+
+
+def _gate_thresholds(node: dict[str, Any]) -> list[float]:
+    for key in ("any", "all"):
+        if key in node:
+            return [value for child in node[key] for value in _gate_thresholds(child)]
+    return [node["value"]]
+
+
+def _compile_gate(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
+    thresholds = [_gate_thresholds({k: v for k, v in p.items() if k != "kind"}) for p in policies]
+    columns = iter([params.add([row[j] for row in thresholds]) for j in range(len(thresholds[0]))])
+    values = params.values
+
+    def build(node: dict[str, Any]) -> Node:
+        for key in ("any", "all"):
+            if key in node:
+                children = [build(child) for child in node[key]]
+                return _combine(children, np.logical_or if key == "any" else np.logical_and)
+        name, ufunc, column = node["signal"], _UFUNCS[node["op"]], next(columns)
+        return lambda signals, sl: ufunc(signals[name][sl], values[column])
+
+    root = build({k: v for k, v in policies[0].items() if k != "kind"})
+    return _Evaluator(params, lambda signals, age, sl: root(signals, sl))
+
+
+def _combine(children: list[Node], combine: np.ufunc) -> Node:
+    def group(signals: dict[str, np.ndarray], sl: slice) -> np.ndarray:
+        result = children[0](signals, sl)
+        for child in children[1:]:
+            result = combine(result, child(signals, sl))
+        return result
+
+    return group
+
+
+def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_signals: set[str]) -> _Evaluator:
+    terms = []
+    for j, template in enumerate(policies[0]["terms"]):
+        per_policy = [p["terms"][j] for p in policies]
+        mean = params.add([t["mean"] for t in per_policy])
+        factor = params.add([t["orientation"] / t["scale"] for t in per_policy])
+        weight = params.add([t["weight"] for t in per_policy])
+        knots = None
+        if "knots" in template:
+            xs = [[x for x, _ in t["knots"]] for t in per_policy]
+            ys = [[y for _, y in t["knots"]] for t in per_policy]
+            slopes = [
+                [(y[i + 1] - y[i]) / (x[i + 1] - x[i]) for i in range(len(x) - 1)]
+                for x, y in zip(xs, ys, strict=True)
+            ]
+            knots = (params.add(xs), params.add(ys), params.add(slopes))
+        terms.append((template["signal"], mean, factor, weight, knots, template["signal"] in nan_signals))
+    threshold = params.add([p["threshold"] for p in policies])
+    values = params.values
+
+    def fires(signals: dict[str, np.ndarray], age: np.ndarray, sl: slice) -> np.ndarray:
+        total: np.ndarray | float = 0.0
+        for name, mean, factor, weight, knots, may_be_nan in terms:
+            value = signals[name][sl]
+            z = (value - values[mean]) * values[factor]
+            if knots is not None:
+                z = _knot_transform(z, values[knots[0]], values[knots[1]], values[knots[2]])
+            contribution = values[weight] * z
+            if may_be_nan:
+                contribution = np.where(np.isnan(value), 0.0, contribution)
+            total = total + contribution
+        return np.greater_equal(total, values[threshold])
+
+    return _Evaluator(params, fires)
+
+
+def _knot_transform(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
+    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
+
+    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
+    """
+    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
+    count = np.sum(z[:, None] >= xs, axis=1)
+    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
+    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
+    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
+    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
+    inside = y0 + slope * (z - x0)
+    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
+    return np.where(z >= xs[:, -1], ys[:, -1], inside)
+
+
+def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
+    interval = params.add([p["interval"] for p in policies])
+    values = params.values
+    return _Evaluator(params, lambda signals, age, sl: np.greater_equal(age[sl], values[interval]))
+
+
+def _group_evaluators(
+    policies: list[dict[str, Any]], n_requests: int, nan_signals: set[str]
+) -> list[list[Any]]:
+    """[evaluator, first lane, end lane] per run of policies sharing a skeleton (pre-sorted by skeleton)."""
+    groups: list[tuple[tuple, int, int]] = []
+    for index, policy in enumerate(policies):
+        skeleton = _skeleton(policy)
+        if groups and groups[-1][0] == skeleton:
+            groups[-1] = (skeleton, groups[-1][1], index + 1)
+        else:
+            groups.append((skeleton, index, index + 1))
+    evaluators = []
+    for skeleton, start, stop in groups:
+        members = policies[start:stop]
+        params = _LaneParams(n_requests)
+        if skeleton[0] == "periodic":
+            evaluator = _compile_periodic(members, params)
+        elif skeleton[0] == "gate":
+            evaluator = _compile_gate(members, params)
+        else:
+            evaluator = _compile_score(members, params, nan_signals)
+        evaluators.append([evaluator, start * n_requests, stop * n_requests])
+    return evaluators
+
+
+# ----------------------------------------------------------------------------------------------
+# The lockstep engine.
+
+
+@dataclass
+class _LaneOutput:
+    starts: np.ndarray  # (iterations, L) round start positions (float at T > 0); OSL once finished
+    final: np.ndarray  # (L,) final position
+    refreshes: np.ndarray  # (L,)
+    refresh_events: list[tuple[np.ndarray, np.ndarray]] | None
+
+
+_COMPACT_EVERY = 16  # iterations between checks for finished lanes
+_COMPACT_BELOW = 0.75  # drop finished lanes once fewer than this share of the lanes is active
+
+
+class _LaneState:
+    """Per-lane arrays of the lockstep loop (a float or int where all lanes share the value)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the lanes where ``mask`` is False."""
+        for key, value in list(vars(self).items()):
+            if isinstance(value, np.ndarray) and value.shape[:1] == mask.shape:
+                setattr(self, key, value[mask])
+            elif isinstance(value, list):
+                setattr(self, key, [item[mask] for item in value])
+
+
+def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refreshes: bool) -> _LaneOutput:
+    n_req = len(tables.osl)
+    n_lanes = len(plans) * n_req
+    rows = tables.rows
+    continuous = tables.continuous
+    lane_req = np.tile(np.arange(n_req), len(plans))
+    s = _LaneState(
+        ids=np.arange(n_lanes),  # original lane of each slot (slots shrink as lanes finish)
+        base=lane_req * (tables.n_arms * tables.width),
+        osl=tables.osl[lane_req],
+        osl_f=tables.osl[lane_req].astype(np.float64),
+        n=np.zeros(n_lanes, dtype=np.int64),
+        pos=np.zeros(n_lanes, dtype=np.float64),
+        refreshes=np.zeros(n_lanes, dtype=np.int64),
+        last_refresh=np.zeros(n_lanes, dtype=np.int64),
+        history=[],  # AL of the last `window` rounds, oldest first
+    )
+    arm_offset = _arm_offsets(tables, arm_mode)
+    deciding = arm_mode == "age"
+    events: list[tuple[np.ndarray, np.ndarray]] | None = [] if record_refreshes else None
+    evaluators: list[list[Any]] = []
+    window = 1
+    need_acceptance = need_drop = need_entropy = need_rise = need_drift = False
+    if deciding:
+        controllers = [plan.controller for plan in plans]
+        assert all(c is not None for c in controllers)
+        alpha = _lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], n_req)
+        s.__dict__.update(
+            stride=_int_lanes([c["schedule"]["decision_stride"] for c in controllers], n_req),
+            min_age=_int_lanes([c["schedule"]["min_age"] for c in controllers], n_req),
+            max_age=_int_lanes([c["schedule"]["max_age"] for c in controllers], n_req),
+            alpha=alpha,
+            one_minus_alpha=1.0 - alpha,
+            entropy_sum=np.zeros(n_lanes),
+            entropy_count=np.zeros(n_lanes),
+            base_acceptance=np.full(n_lanes, np.nan),
+            base_entropy=np.full(n_lanes, np.nan),
+            stride_index=np.zeros(n_lanes, dtype=np.int64),
+        )
+        window = controllers[0]["signals"]["acceptance"]["rounds"]
+        used: set[str] = set().union(*(policy_signals(c["policy"]) for c in controllers))
+        nan_signals = {"query_drift"} if tables.drift_may_be_nan or tables.drift is None else set()
+        if tables.entropy_has_nan:
+            nan_signals |= {"entropy", "entropy_rise"}
+        evaluators = _group_evaluators([c["policy"] for c in controllers], n_req, nan_signals)
+        need_acceptance = bool(used & {"acceptance", "acceptance_drop"})
+        need_drop = "acceptance_drop" in used
+        need_entropy = bool(used & {"entropy", "entropy_rise"})
+        need_rise = "entropy_rise" in used
+        need_drift = "query_drift" in used
+
+    final = np.zeros(n_lanes)
+    refreshes_out = np.zeros(n_lanes, dtype=np.int64)
+    segments: list[tuple[int, np.ndarray, list[np.ndarray]]] = []  # (first iteration, lane ids, starts)
+    segment_start = 0
+    starts: list[np.ndarray] = []
+    iteration = 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        while True:
+            n = s.n
+            starts.append(s.pos if continuous else n)
+            age = n - s.last_refresh
+            row = s.base + arm_offset.take(age) + n
+            fetched = rows.take(row, axis=0)
+            accepted_len = fetched[:, 0]
+            if continuous:
+                remaining = s.osl_f - s.pos
+                cut = accepted_len >= remaining
+                s.pos = s.pos + accepted_len
+                np.putmask(s.pos, cut, s.osl_f)
+                accepted_len = np.minimum(accepted_len, remaining)
+                n_new = s.pos.astype(np.int64)
+                step = n_new - n
+            else:
+                step = accepted_len.astype(np.int64)
+                n_new = n + step
+            s.n = n_new
+            if deciding:
+                if need_acceptance:
+                    s.history.append(accepted_len)
+                    if len(s.history) > window:
+                        del s.history[0]
+                if need_entropy:
+                    s.entropy_sum += fetched[:, 1]
+                    s.entropy_count += fetched[:, 2]
+                new_stride_index = n_new // s.stride
+                decision = new_stride_index > s.stride_index
+                s.stride_index = new_stride_index
+                if np.count_nonzero(decision):
+                    age += step
+                    signals: dict[str, np.ndarray] = {}
+                    if need_acceptance:
+                        acceptance = s.history[0]
+                        for older_first in s.history[1:]:
+                            acceptance = s.alpha * older_first + s.one_minus_alpha * acceptance
+                        signals["acceptance"] = acceptance
+                        if need_drop:
+                            drop = s.base_acceptance - acceptance  # NaN exactly where no baseline yet
+                            unset = np.isnan(drop)
+                            np.putmask(drop, unset, 0.0)
+                            np.putmask(s.base_acceptance, decision & unset, acceptance)
+                            signals["acceptance_drop"] = drop
+                    if need_entropy:
+                        entropy = s.entropy_sum / s.entropy_count
+                        signals["entropy"] = entropy
+                        np.putmask(s.entropy_sum, decision, 0.0)
+                        np.putmask(s.entropy_count, decision, 0.0)
+                        if need_rise:
+                            unset = np.isnan(s.base_entropy)
+                            rise = entropy - s.base_entropy
+                            np.putmask(rise, unset, 0.0)
+                            if tables.entropy_has_nan:
+                                np.putmask(rise, np.isnan(entropy), np.nan)
+                            np.putmask(s.base_entropy, decision & unset, entropy)
+                            signals["entropy_rise"] = rise
+                    if need_drift:
+                        if tables.drift is None:
+                            signals["query_drift"] = np.full(len(n), np.nan)
+                        else:
+                            signals["query_drift"] = tables.drift.take(row + step)
+                    if len(evaluators) == 1:
+                        fires = evaluators[0][0].fires(signals, age, slice(None))
+                    else:
+                        fires = np.empty(len(n), dtype=bool)
+                        for evaluator, first, end in evaluators:
+                            fires[first:end] = evaluator.fires(signals, age, slice(first, end))
+                    refresh = fires & (age >= s.min_age)
+                    refresh |= age >= s.max_age
+                    refresh &= decision
+                    np.putmask(s.last_refresh, refresh, n_new)
+                    s.refreshes += refresh
+                    if need_drop:
+                        np.putmask(s.base_acceptance, refresh, np.nan)
+                    if need_rise:
+                        np.putmask(s.base_entropy, refresh, np.nan)
+                    if events is not None:
+                        refreshed = np.flatnonzero(refresh)
+                        events.append((s.ids[refreshed], n_new[refreshed]))
+            iteration += 1
+            if iteration % _COMPACT_EVERY:
+                continue
+            active = s.n < s.osl
+            n_active = np.count_nonzero(active)
+            if n_active > _COMPACT_BELOW * len(active):
+                continue
+            # Record the totals of finished lanes, then drop them from every per-lane array.
+            finished = ~active
+            final[s.ids[finished]] = s.pos[finished] if continuous else s.n[finished]
+            refreshes_out[s.ids[finished]] = s.refreshes[finished]
+            segments.append((segment_start, s.ids, starts))
+            segment_start, starts = iteration, []
+            if n_active == 0:
+                break
+            s.keep(active)
+            bounds = np.concatenate([[0], np.cumsum(active)])
+            for group in evaluators:
+                group[0].params.keep(active[group[1] : group[2]])
+                group[1], group[2] = int(bounds[group[1]]), int(bounds[group[2]])
+    full_starts = np.broadcast_to(tables.osl[lane_req].astype(np.float64), (iteration, n_lanes)).copy()
+    for first, ids, segment in segments:
+        if segment:
+            full_starts[first : first + len(segment), ids] = np.stack(segment)
+    return _LaneOutput(starts=full_starts, final=final, refreshes=refreshes_out, refresh_events=events)
+
+
+def _int_lanes(values: Sequence[int], n_requests: int) -> np.ndarray | int:
+    if all(v == values[0] for v in values):
+        return int(values[0])
+    return np.repeat(np.asarray(values, dtype=np.int64), n_requests)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry points.
+
+
+def replay_many(
+    traces: ProbeTraces,
+    policies: Sequence[PolicySpec],
+    *,
+    position_bin: int = 256,
+    record_refreshes: bool = False,
+) -> list[ReplayResult]:
+    """Replay several policies at once (one lane per policy and request); results in input order.
+
+    Policies sharing the acceptance window (``signals.acceptance.rounds``) run in the same lockstep
+    loop, which is much faster per policy than replaying them one by one.
+    """
+    if position_bin < 1:
+        raise ValueError("position_bin must be >= 1")
+    plans = [_plan(policy) for policy in policies]
+    tables = _tables(traces)
+    batches: dict[tuple, list[int]] = {}
+    for index, plan in enumerate(plans):
+        if plan.controller is None:
+            key: tuple = (plan.arm_mode,)
+        else:
+            key = ("age", plan.controller["signals"]["acceptance"]["rounds"])
+        batches.setdefault(key, []).append(index)
+    results: list[ReplayResult | None] = [None] * len(plans)
+    for (arm_mode, *_), indices in batches.items():
+        if arm_mode == "age":
+            indices = sorted(indices, key=lambda i: repr(_skeleton(plans[i].controller["policy"])))
+        batch = [plans[i] for i in indices]
+        output = _run_lanes(tables, batch, arm_mode, record_refreshes)
+        labels = [plan.label for plan in batch]
+        for index, result in zip(
+            indices, _results(traces, tables, output, labels, position_bin), strict=True
+        ):
+            results[index] = result
+    return [result for result in results if result is not None]
+
+
+def replay(
+    traces: ProbeTraces,
+    policy: PolicySpec,
+    *,
+    position_bin: int = 256,
+    record_refreshes: bool = False,
+) -> ReplayResult:
+    """Replay one policy: a controller dict, a Controller, or ``stat``/``full``/``periodic:N``/``dyn:N``."""
+    return replay_many(traces, [policy], position_bin=position_bin, record_refreshes=record_refreshes)[0]
+
+
+def _results(
+    traces: ProbeTraces, tables: _Tables, output: _LaneOutput, labels: list[str], position_bin: int
+) -> list[ReplayResult]:
+    """Per-policy results from the lanes of one lockstep run (lanes are policy-major)."""
+    n_req = len(tables.osl)
+    n_lanes = len(labels) * n_req
+    osl = np.tile(tables.osl, len(labels))
+    starts = output.starts  # (iterations, lanes)
+    ends = np.concatenate([starts[1:], output.final[None, :]], axis=0)
+    active = starts < osl[None, :]
+    rounds = active.sum(axis=0).astype(np.int64)
+    committed = np.rint(output.final).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        al = committed / rounds
+    n_bins = max(1, -(-tables.n_positions // position_bin))
+    edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
+    bins = np.minimum(starts[active].astype(np.int64) // position_bin, n_bins - 1)
+    flat = np.nonzero(active)[1] * n_bins + bins
+    lengths = (ends - starts)[active]
+    sums = np.bincount(flat, weights=lengths, minlength=n_lanes * n_bins)
+    counts = np.bincount(flat, minlength=n_lanes * n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        al_by_position = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).reshape(n_lanes, n_bins)
+    positions_by_lane: list[np.ndarray] | None = None
+    if output.refresh_events is not None:
+        lanes = np.concatenate([lanes for lanes, _ in output.refresh_events] or [np.zeros(0, np.int64)])
+        where = np.concatenate([where for _, where in output.refresh_events] or [np.zeros(0, np.int64)])
+        order = np.argsort(lanes, kind="stable")
+        split = np.searchsorted(lanes[order], np.arange(1, n_lanes))
+        positions_by_lane = [p.astype(np.int64) for p in np.split(where[order], split)]
+    results = []
+    for slot, label in enumerate(labels):
+        lanes_of = slice(slot * n_req, (slot + 1) * n_req)
+        results.append(
+            ReplayResult(
+                request_ids=np.asarray(traces.requests["request_id"]),
+                committed=committed[lanes_of],
+                rounds=rounds[lanes_of],
+                refreshes=output.refreshes[lanes_of].copy(),
+                al=al[lanes_of],
+                position_edges=edges,
+                al_by_position=al_by_position[lanes_of],
+                policy=label,
+                refresh_positions=None if positions_by_lane is None else positions_by_lane[lanes_of],
+            )
+        )
+    return results

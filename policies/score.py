@@ -1,0 +1,278 @@
+"""Score policies: a non-negative weighted sum of oriented, standardised signals, and its fitting.
+
+score = sum_j weight_j * g_j((signal_j - mean_j) * orientation_j / scale_j); the policy fires when
+score >= threshold. g_j is the identity, or a monotone piecewise-linear map through ``knots``
+(clamped outside the first and last knot). A term whose signal is missing contributes 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
+from rift_ada.controller import SIGNAL_NAMES, validate_policy
+from rift_ada.policies.periodic import Policy
+
+__all__ = ["ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
+
+
+@dataclasses.dataclass
+class ScoreTerm:
+    """One signal of a score policy."""
+
+    signal: str
+    orientation: int = 1
+    mean: float = 0.0
+    scale: float = 1.0
+    weight: float = 1.0
+    knots: list[list[float]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        term: dict[str, Any] = {
+            "signal": self.signal,
+            "orientation": int(self.orientation),
+            "mean": float(self.mean),
+            "scale": float(self.scale),
+            "weight": float(self.weight),
+        }
+        if self.knots is not None:
+            term["knots"] = [[float(x), float(y)] for x, y in self.knots]
+        return term
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScoreTerm:
+        return cls(
+            signal=data["signal"],
+            orientation=int(data["orientation"]),
+            mean=float(data["mean"]),
+            scale=float(data["scale"]),
+            weight=float(data["weight"]),
+            knots=[list(k) for k in data["knots"]] if "knots" in data else None,
+        )
+
+
+@dataclasses.dataclass
+class SignalSamples:
+    """Controller signals at (request, age arm, stride) points of probe traces, with refresh gains."""
+
+    signals: dict[str, np.ndarray]  # name -> (N,), NaN where unavailable
+    gain: np.ndarray  # (N,) mean outcome under age:0 minus under the sample's arm, over the horizon
+    request: np.ndarray  # (N,) request index
+    age: np.ndarray  # (N,) arm age
+    stride: np.ndarray  # (N,) stride index
+
+    def __len__(self) -> int:
+        return len(self.gain)
+
+
+def _window_means(values: np.ndarray, valid: np.ndarray, start: np.ndarray, stop: np.ndarray) -> tuple:
+    """Means of ``values`` over valid positions in [start, stop) per (r, a, s), and the valid counts."""
+    zeros = np.zeros(values.shape[:2] + (1,))
+    sums = np.concatenate([zeros, np.cumsum(np.where(valid, values, 0.0), axis=2)], axis=2)
+    counts = np.concatenate([zeros, np.cumsum(np.broadcast_to(valid, values.shape), axis=2)], axis=2)
+    total = np.take(sums, stop, axis=2) - np.take(sums, start, axis=2)
+    count = np.take(counts, stop, axis=2) - np.take(counts, start, axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / count, count
+
+
+def counterfactual_samples(
+    traces: ProbeTraces,
+    *,
+    horizon: int = 64,
+    context_strides: int = 2,
+    min_horizon: int = 16,
+) -> SignalSamples:
+    """Signals and refresh gains at every stride s under every ``age:N`` arm a of the traces.
+
+    Signals approximate what replay computes at the decision closing stride s (positions
+    [s*d, (s+1)*d), d = traces.decision_stride): ``acceptance`` = mean AL of rounds starting in the
+    last ``context_strides`` strides under a; ``entropy`` = mean draft entropy of stride s under a;
+    ``query_drift`` from the traces; ``acceptance_drop``/``entropy_rise`` against the fresh arm
+    (``age:0``) at the stride where a's refresh happened. Gain = mean outcome under ``age:0`` minus
+    mean outcome under a over the next ``horizon`` positions (at least ``min_horizon`` of them).
+    """
+    from rift_ada.policies.replay import _tables
+
+    if age_arm(0) not in traces.arms:
+        raise ValueError("traces need an 'age:0' arm to measure refresh gains")
+    tables = _tables(traces)
+    n_req, n_arms, n_pos = traces.outcome.shape
+    d = traces.decision_stride
+    n_strides = -(-n_pos // d)
+    osl = traces.osl
+    valid = np.arange(n_pos)[None, None, :] < osl[:, None, None]
+    accepted_len = tables.rows[:, 0].reshape(n_req, n_arms, tables.width)[:, :, :n_pos]
+    ends = np.minimum((np.arange(n_strides) + 1) * d, n_pos)
+    stride_starts = np.arange(n_strides) * d
+    acceptance, _ = _window_means(accepted_len, valid, np.maximum(ends - context_strides * d, 0), ends)
+    entropy, _ = _window_means(traces.entropy.astype(np.float64), valid, stride_starts, ends)
+    outcome = np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0)
+    future, future_count = _window_means(outcome, valid, ends, np.minimum(ends + horizon, n_pos))
+    fresh = traces.arm_index(age_arm(0))
+    drift = traces.stride_signals.get("query_drift")
+
+    signals: dict[str, list[np.ndarray]] = {name: [] for name in SIGNAL_NAMES}
+    gains, requests, ages, strides = [], [], [], []
+    for arm_name in traces.arms:
+        if not arm_name.startswith("age:"):
+            continue
+        arm = traces.arm_index(arm_name)
+        age = int(arm_name[4:])
+        keep = (ends[None, :] <= osl[:, None]) & (future_count[:, arm, :] >= min_horizon)
+        r_idx, s_idx = np.nonzero(keep)
+        refreshed_at = s_idx - (age + d - 1) // d
+        baseline_ok = refreshed_at >= 0
+        base_stride = np.maximum(refreshed_at, 0)
+        acc_now = acceptance[r_idx, arm, s_idx]
+        ent_now = entropy[r_idx, arm, s_idx]
+        signals["acceptance"].append(acc_now)
+        signals["entropy"].append(ent_now)
+        signals["query_drift"].append(
+            drift[r_idx, arm, s_idx].astype(np.float64) if drift is not None else np.full(len(r_idx), np.nan)
+        )
+        signals["acceptance_drop"].append(
+            np.where(baseline_ok, acceptance[r_idx, fresh, base_stride] - acc_now, 0.0)
+        )
+        signals["entropy_rise"].append(
+            np.where(baseline_ok, ent_now - entropy[r_idx, fresh, base_stride], 0.0)
+        )
+        gains.append(future[r_idx, fresh, s_idx] - future[r_idx, arm, s_idx])
+        requests.append(r_idx)
+        ages.append(np.full(len(r_idx), age))
+        strides.append(s_idx)
+    if not gains:
+        raise ValueError("traces have no age:N arms")
+    return SignalSamples(
+        signals={name: np.concatenate(parts) for name, parts in signals.items()},
+        gain=np.concatenate(gains),
+        request=np.concatenate(requests),
+        age=np.concatenate(ages),
+        stride=np.concatenate(strides),
+    )
+
+
+def _transform(z: np.ndarray, knots: Sequence[Sequence[float]]) -> np.ndarray:
+    xs = np.array([x for x, _ in knots], dtype=np.float64)
+    ys = np.array([y for _, y in knots], dtype=np.float64)
+    slopes = np.array([(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)])
+    segment = np.clip(np.searchsorted(xs, z, side="right") - 1, 0, len(xs) - 2)
+    inside = ys[segment] + slopes[segment] * (z - xs[segment])
+    inside = np.where(z <= xs[0], ys[0], inside)
+    return np.where(z >= xs[-1], ys[-1], inside)
+
+
+@dataclasses.dataclass
+class ScorePolicy(Policy):
+    """Fire when ``sum_j weight_j * g_j(orientation_j * (signal_j - mean_j) / scale_j) >= threshold``."""
+
+    terms: list[ScoreTerm] = dataclasses.field(default_factory=lambda: [ScoreTerm("entropy")])
+    threshold: float = 0.0
+    kind: ClassVar[str] = "score"
+
+    def __post_init__(self) -> None:
+        self.terms = [ScoreTerm.from_json(t) if isinstance(t, Mapping) else t for t in self.terms]
+        self.fit_info_: dict[str, Any] = {}
+        self.to_policy_json()
+
+    def to_policy_json(self) -> dict[str, Any]:
+        return validate_policy(
+            {"kind": "score", "terms": [t.to_json() for t in self.terms], "threshold": float(self.threshold)}
+        )
+
+    @classmethod
+    def from_policy_json(cls, data: Mapping[str, Any]) -> ScorePolicy:
+        policy = cls._validated(data)
+        return cls(terms=[ScoreTerm.from_json(t) for t in policy["terms"]], threshold=policy["threshold"])
+
+    def score_values(self, signals: Mapping[str, Any]) -> np.ndarray:
+        """Scores for arrays of signal values (same expression as the controller; NaN = missing)."""
+        total: np.ndarray | float = 0.0
+        for term in self.terms:
+            value = np.asarray(signals[term.signal], dtype=np.float64)
+            z = (value - term.mean) * (term.orientation / term.scale)
+            if term.knots is not None:
+                z = _transform(z, term.knots)
+            total = total + np.where(np.isnan(value), 0.0, term.weight * z)
+        return np.asarray(total, dtype=np.float64)
+
+    def fit(
+        self,
+        traces: ProbeTraces | SignalSamples,
+        *,
+        signals: Sequence[str] | None = None,
+        horizon: int = 64,
+        threshold: float | None = None,
+        threshold_quantile: float = 0.5,
+        max_samples: int = 200_000,
+        seed: int = 0,
+    ) -> ScorePolicy:
+        """Fit non-negative weights predicting the gain of refreshing now (NNLS); returns self.
+
+        Each signal is standardised over the samples (``mean``, ``scale`` = std) and oriented by the
+        sign of its correlation with the gain; weights come from ``scipy.optimize.nnls`` on the
+        centred gain (a free intercept). Knots are not fitted. ``threshold`` defaults to the
+        ``threshold_quantile`` of the fitted scores; calibration sweeps it.
+        """
+        from scipy.optimize import nnls
+
+        samples = (
+            traces if isinstance(traces, SignalSamples) else counterfactual_samples(traces, horizon=horizon)
+        )
+        names = list(signals) if signals is not None else list(SIGNAL_NAMES)
+        unknown = [name for name in names if name not in SIGNAL_NAMES]
+        if unknown:
+            raise ValueError(f"unknown signals {unknown}")
+        rng = np.random.default_rng(seed)
+        index = np.arange(len(samples))
+        if len(index) > max_samples:
+            index = np.sort(rng.choice(index, max_samples, replace=False))
+        if len(index) < 2:
+            raise ValueError("too few samples to fit a score policy")
+        gain = samples.gain[index]
+        columns, terms, correlations = [], [], {}
+        for name in names:
+            values = samples.signals[name][index]
+            finite = np.isfinite(values)
+            if finite.sum() < 2:
+                continue
+            mean = float(np.mean(values[finite]))
+            scale = float(np.std(values[finite]))
+            if not scale > 0.0 or not math.isfinite(scale):
+                continue
+            with np.errstate(invalid="ignore", divide="ignore"):
+                corr = float(np.corrcoef(values[finite], gain[finite])[0, 1]) if np.std(gain) > 0 else 0.0
+            correlations[name] = corr if math.isfinite(corr) else 0.0
+            orientation = -1 if correlations[name] < 0 else 1
+            columns.append(np.where(finite, (values - mean) * (orientation / scale), 0.0))
+            terms.append(ScoreTerm(name, orientation, mean, scale, 0.0))
+        if not terms:
+            raise ValueError("no signal varies over the samples; nothing to fit")
+        design = np.stack(columns, axis=1)
+        centred = gain - gain.mean()
+        weights, _ = nnls(design, centred)
+        for term, weight in zip(terms, weights, strict=True):
+            term.weight = float(weight)
+        kept = [t for t in terms if t.weight > 0.0] or terms
+        self.terms = kept
+        predicted = design @ weights
+        residual = float(np.sum((centred - predicted) ** 2))
+        total = float(np.sum(centred**2))
+        scores = self.score_values({t.signal: samples.signals[t.signal][index] for t in kept})
+        self.threshold = (
+            float(threshold) if threshold is not None else float(np.quantile(scores, threshold_quantile))
+        )
+        self.fit_info_ = {
+            "n_samples": int(len(index)),
+            "r2": 1.0 - residual / total if total > 0 else 0.0,
+            "correlations": correlations,
+            "weights": {t.signal: t.weight for t in terms},
+            "horizon": horizon,
+        }
+        self.to_policy_json()
+        return self

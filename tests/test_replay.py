@@ -1,0 +1,419 @@
+"""Replay: bit-for-bit parity with a Controller stepped by hand, hand-computed rounds, result summaries."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rift_ada import Controller
+from rift_ada.collectors.probe_traces import ProbeTraces, arm_age
+from rift_ada.collectors.synthetic import synthetic_traces
+from rift_ada.controller import make_controller_dict
+from rift_ada.policies.replay import named_policy_controller, replay, replay_many
+
+# ----------------------------------------------------------------------------------------------
+# The scalar reference: a real Controller session per request, stepped round by round.
+
+
+def arm_for_age(traces: ProbeTraces, age: int) -> int:
+    grid = sorted(
+        (arm_age(name), index) for index, name in enumerate(traces.arms) if arm_age(name) is not None
+    )
+    chosen = grid[0][1]
+    for grid_age, index in grid:
+        if grid_age <= age:
+            chosen = index
+    return chosen
+
+
+def scalar_replay(traces: ProbeTraces, controller: dict[str, Any]) -> list[tuple[list[int], int]]:
+    """(refresh positions, rounds) per request, from a Controller driven by hand."""
+    ctl = Controller.from_dict(controller)
+    k = traces.draft_length
+    continuous = traces.temperature > 0
+    drift = traces.stride_signals.get("query_drift")
+    results = []
+    for r in range(traces.n_requests):
+        osl = int(traces.osl[r])
+        session = ctl.new_session()
+        position: float = 0.0
+        rounds = 0
+        while position < osl:
+            n = int(math.floor(position))
+            arm = arm_for_age(traces, n - session.last_refresh)
+            if continuous:
+                product, total = 1.0, 0.0
+                for j in range(k):
+                    product *= float(traces.outcome[r, arm, n + j]) if n + j < osl else 0.0
+                    total += product
+                accepted_len = 1.0 + total
+                if accepted_len >= osl - position:
+                    accepted_len = osl - position
+                    position = float(osl)
+                else:
+                    position += accepted_len
+            else:
+                run = 0
+                while run < k and n + run < osl and traces.outcome[r, arm, n + run] > 0.5:
+                    run += 1
+                accepted_len = min(1 + run, osl - n)
+                position = n + accepted_len
+            session.record_round(
+                accepted_len, [float(e) for e in traces.entropy[r, arm, n : min(n + k, osl)]]
+            )
+            n_committed = int(math.floor(position))
+            if drift is not None:
+                session.record_query_drift(float(drift[r, arm, (n_committed - 1) // traces.decision_stride]))
+            session.decide(n_committed)
+            rounds += 1
+        results.append((list(session.refresh_positions), rounds))
+    return results
+
+
+def assert_same_decisions(traces: ProbeTraces, controller: dict[str, Any], result: Any) -> None:
+    expected = scalar_replay(traces, controller)
+    for r, (positions, rounds) in enumerate(expected):
+        assert result.refresh_positions[r].tolist() == positions, f"request {r}"
+        assert result.rounds[r] == rounds, f"request {r}"
+        assert result.refreshes[r] == len(positions)
+        if rounds:
+            assert result.al[r] == traces.osl[r] / rounds
+
+
+# ----------------------------------------------------------------------------------------------
+# Random traces and policies.
+
+SIGNAL_RANGES = {
+    "acceptance": (1.0, 8.0),
+    "entropy": (0.0, 2.0),
+    "query_drift": (0.0, 0.5),
+    "acceptance_drop": (-3.0, 3.0),
+    "entropy_rise": (-1.0, 1.0),
+}
+
+
+@st.composite
+def random_traces(draw: st.DrawFn) -> ProbeTraces:
+    n_req = draw(st.integers(1, 4))
+    n_pos = draw(st.integers(1, 160))
+    grid = sorted(draw(st.sets(st.sampled_from([0, 4, 8, 16, 32, 64]), min_size=1, max_size=4)))
+    arms = tuple(f"age:{a}" for a in grid) + ("stat", "full")
+    temperature = draw(st.sampled_from([0.0, 1.0]))
+    stride = draw(st.integers(1, 12))
+    draft_length = draw(st.integers(1, 11))
+    seed = draw(st.integers(0, 2**32 - 1))
+    drift_mode = draw(st.sampled_from(["present", "with_nan", "absent"]))
+    rng = np.random.default_rng(seed)
+    quality = rng.uniform(0.3, 1.0, (n_req, len(arms), 1))
+    if temperature == 0:
+        outcome = (rng.random((n_req, len(arms), n_pos)) < quality).astype(np.float32)
+    else:
+        outcome = (rng.random((n_req, len(arms), n_pos)) ** 0.3 * quality).astype(np.float32)
+    entropy = rng.uniform(0.0, 2.0, (n_req, len(arms), n_pos)).astype(np.float32)
+    n_strides = -(-n_pos // stride)
+    stride_signals = {}
+    if drift_mode != "absent":
+        drift = rng.uniform(0.0, 0.5, (n_req, len(arms), n_strides)).astype(np.float32)
+        if drift_mode == "with_nan":
+            drift[rng.random(drift.shape) < 0.2] = np.nan
+        stride_signals["query_drift"] = drift
+    osl = rng.integers(max(0, n_pos - 40), n_pos + 1, n_req)
+    for r, length in enumerate(osl):
+        outcome[r, :, length:] = np.nan
+        entropy[r, :, length:] = np.nan
+    return ProbeTraces(
+        requests={
+            "request_id": np.array([f"r{i}" for i in range(n_req)]),
+            "dataset": np.array(["t"] * n_req),
+            "category": np.array(["c"] * n_req),
+            "tier": np.array(["low"] * n_req),
+            "isl": np.zeros(n_req, dtype=np.int64),
+            "osl": osl.astype(np.int64),
+        },
+        arms=arms,
+        outcome=outcome,
+        entropy=entropy,
+        stride_signals=stride_signals,
+        temperature=temperature,
+        draft_length=draft_length,
+        decision_stride=stride,
+    )
+
+
+def threshold(draw: st.DrawFn, signal: str) -> float:
+    low, high = SIGNAL_RANGES[signal]
+    return draw(st.floats(low, high, allow_nan=False))
+
+
+@st.composite
+def gate_node(draw: st.DrawFn, depth: int = 0) -> dict[str, Any]:
+    if depth >= 2 or draw(st.booleans()):
+        signal = draw(st.sampled_from(list(SIGNAL_RANGES)))
+        return {
+            "signal": signal,
+            "op": draw(st.sampled_from(["<=", "<", ">=", ">"])),
+            "value": threshold(draw, signal),
+        }
+    key = draw(st.sampled_from(["any", "all"]))
+    return {key: draw(st.lists(gate_node(depth + 1), min_size=1, max_size=3))}
+
+
+@st.composite
+def score_term(draw: st.DrawFn) -> dict[str, Any]:
+    signal = draw(st.sampled_from(list(SIGNAL_RANGES)))
+    low, high = SIGNAL_RANGES[signal]
+    term = {
+        "signal": signal,
+        "orientation": draw(st.sampled_from([1, -1])),
+        "mean": draw(st.floats(low, high)),
+        "scale": draw(st.floats(0.05, 3.0)),
+        "weight": draw(st.sampled_from([0.0, 0.5, 1.0, 2.5])),
+    }
+    if draw(st.booleans()):
+        xs = sorted(draw(st.sets(st.floats(-3.0, 3.0), min_size=2, max_size=4)))
+        ys = sorted(draw(st.lists(st.floats(-2.0, 2.0), min_size=len(xs), max_size=len(xs))))
+        term["knots"] = [[x, y] for x, y in zip(xs, ys, strict=True)]
+    return term
+
+
+@st.composite
+def random_policy(draw: st.DrawFn, kind: str | None = None) -> dict[str, Any]:
+    kind = kind or draw(st.sampled_from(["periodic", "gate", "score"]))
+    if kind == "periodic":
+        policy: dict[str, Any] = {"kind": "periodic", "interval": draw(st.integers(1, 100))}
+    elif kind == "gate":
+        root = draw(gate_node())
+        policy = {"kind": "gate", **(root if "signal" not in root else {"any": [root]})}
+    else:
+        policy = {
+            "kind": "score",
+            "terms": draw(st.lists(score_term(), min_size=1, max_size=4)),
+            "threshold": draw(st.floats(-2.0, 3.0)),
+        }
+    stride = draw(st.integers(1, 16))
+    min_age = draw(st.sampled_from([0, 0, 4, 16, 32, draw(st.integers(0, 64))]))
+    max_age = min_age + draw(st.sampled_from([0, 0, 3, 17, 64, 1000, draw(st.integers(0, 128))]))
+    return make_controller_dict(
+        policy,
+        name=f"random-{kind}",
+        draft="d",
+        target="t",
+        temperature=0.0,
+        schedule={"decision_stride": stride, "min_age": min_age, "max_age": max_age},
+        signals={
+            "acceptance": {
+                "ewma_alpha": draw(st.sampled_from([0.4, 1.0, 0.1, 0.73])),
+                "rounds": draw(st.integers(1, 5)),
+            }
+        },
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Parity.
+
+PARITY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PARITY
+@given(traces=random_traces(), controller=random_policy("periodic"))
+def test_periodic_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
+    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+
+
+@PARITY
+@given(traces=random_traces(), controller=random_policy("gate"))
+def test_gate_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
+    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+
+
+@PARITY
+@given(traces=random_traces(), controller=random_policy("score"))
+def test_score_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
+    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces=random_traces(), controllers=st.lists(random_policy(), min_size=2, max_size=5))
+def test_batched_replay_matches_controller(traces: ProbeTraces, controllers: list[dict[str, Any]]) -> None:
+    results = replay_many(traces, controllers, record_refreshes=True)
+    for controller, result in zip(controllers, results, strict=True):
+        assert_same_decisions(traces, controller, result)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {"decision_stride": 8, "min_age": 0, "max_age": 768},
+        {"decision_stride": 8, "min_age": 64, "max_age": 64},
+        {"decision_stride": 16, "min_age": 0, "max_age": 5},
+        {"decision_stride": 1, "min_age": 0, "max_age": 0},
+        {"decision_stride": 3, "min_age": 32, "max_age": 100},
+    ],
+)
+def test_schedule_edges_on_synthetic_traces(temperature: float, schedule: dict[str, int]) -> None:
+    traces = synthetic_traces(3, 300, temperature=temperature, seed=7, vary_length=True)
+    gate = {
+        "kind": "gate",
+        "any": [
+            {"signal": "acceptance", "op": "<=", "value": 6.0},
+            {
+                "all": [
+                    {"signal": "entropy_rise", "op": ">", "value": 0.2},
+                    {"signal": "query_drift", "op": ">=", "value": 0.01},
+                ]
+            },
+        ],
+    }
+    controller = make_controller_dict(
+        gate, name="edge", draft="d", target="t", temperature=temperature, schedule=schedule
+    )
+    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hand-computed rounds.
+
+
+def one_request_traces(
+    outcome: list[float],
+    temperature: float,
+    draft_length: int,
+    osl: int | None = None,
+    entropy: list[float] | None = None,
+) -> ProbeTraces:
+    n_pos = len(outcome)
+    arms = ("age:0", "stat", "full")
+    row = np.array(outcome, dtype=np.float32)
+    entropy_row = np.array(entropy if entropy is not None else [0.5] * n_pos, dtype=np.float32)
+    return ProbeTraces(
+        requests={
+            "request_id": np.array(["a"]),
+            "dataset": np.array(["t"]),
+            "category": np.array(["c"]),
+            "tier": np.array(["low"]),
+            "isl": np.array([0]),
+            "osl": np.array([osl if osl is not None else n_pos]),
+        },
+        arms=arms,
+        outcome=np.tile(row, (1, 3, 1)),
+        entropy=np.tile(entropy_row, (1, 3, 1)),
+        stride_signals={},
+        temperature=temperature,
+        draft_length=draft_length,
+        decision_stride=8,
+    )
+
+
+def test_accepted_length_from_match_bits_at_t0() -> None:
+    bits = [1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+    traces = one_request_traces(bits, 0.0, draft_length=3)
+    # rounds: n=0 -> 1,1,0 -> AL 3; n=3 -> 1,1,1 -> AL 4 (K + 1 cap); n=7 -> 1,0 -> 2; n=9 -> 0 -> 1;
+    # n=10 -> 1,1,1 but only 3 positions left -> cut at OSL: AL 3.
+    result = replay(traces, "full", position_bin=4)
+    assert result.rounds.tolist() == [5]
+    assert result.committed.tolist() == [13]
+    assert result.al[0] == pytest.approx(13 / 5)
+    # bins of 4: rounds starting at 0, 3 -> bin 0 (AL 3, 4); 7 -> bin 1 (2); 9, 10 -> bin 2 (1, 3)
+    assert result.al_by_position[0].tolist() == [3.5, 2.0, 2.0, pytest.approx(np.nan, nan_ok=True)]
+    assert result.position_edges.tolist() == [0, 4, 8, 12, 16]
+
+
+def test_osl_shorter_than_positions_at_t0() -> None:
+    traces = one_request_traces([1] * 20, 0.0, draft_length=11, osl=15)
+    result = replay(traces, "stat")
+    assert result.rounds.tolist() == [2] and result.committed.tolist() == [15]  # AL 12, then 3 (cut)
+
+
+def test_expected_accepted_length_at_t1() -> None:
+    traces = one_request_traces([0.5] * 10, 1.0, draft_length=3)
+    # AL = 1 + 0.5 + 0.25 + 0.125 = 1.875 while 3 positions lie ahead; positions 0, 1.875, 3.75, 5.625,
+    # 7.5 (from 7: p beyond OSL counts 0 -> AL 1 + .5 + .25 + .125 still), 9.375 -> cut 0.625: 6 rounds.
+    result = replay(traces, "full")
+    assert result.rounds.tolist() == [6]
+    assert result.al[0] == pytest.approx(10 / 6)
+    traces = one_request_traces([0.9, 0.8, 0.5, 0.1], 1.0, draft_length=3, osl=4)
+    result = replay(traces, "full", position_bin=1)
+    first = 1 + 0.9 + 0.9 * 0.8 + 0.9 * 0.8 * 0.5
+    assert result.al_by_position[0, 0] == pytest.approx(first)
+    assert result.rounds.tolist() == [2]  # 2.98 first, then the 1.02 left
+
+
+def test_named_policies() -> None:
+    traces = synthetic_traces(5, 600, seed=2)
+    stat, full, periodic, dyn = replay_many(traces, ["stat", "full", "periodic:64", "dyn:64"])
+    assert stat.refreshes.sum() == 0 and full.refreshes.sum() == 0
+    assert full.mean_al > periodic.mean_al > stat.mean_al
+    assert periodic.al.tolist() == dyn.al.tolist()
+    assert 1000 / 64 * 0.8 < periodic.refreshes_per_1k <= 1000 / 64
+    controller = named_policy_controller("periodic:16")
+    assert controller is not None and controller["schedule"]["min_age"] == 0
+    assert named_policy_controller("periodic:2000")["schedule"]["max_age"] == 2000
+    with pytest.raises(ValueError):
+        replay(traces, "sometimes")
+    with pytest.raises(ValueError):
+        replay(traces, "periodic:0")
+
+
+def test_result_summary_is_json_able() -> None:
+    traces = synthetic_traces(4, 500, seed=3, vary_length=True)
+    result = replay(traces, "periodic:128")
+    summary = result.to_dict(per_request=True)
+    text = json.dumps(summary, allow_nan=False)
+    assert json.loads(text)["mean_al"] == pytest.approx(result.mean_al)
+    assert summary["refreshes"] == int(result.refreshes.sum())
+    assert result.refreshes_per_1k == pytest.approx(1000 * result.refreshes.sum() / result.committed.sum())
+    assert result.mean_al == pytest.approx(float(np.mean(result.committed / result.rounds)))
+    assert result.al_by_position.shape == (4, 2)
+    assert (result.committed == traces.osl).all()
+
+
+def test_batched_equals_individual_and_is_order_independent() -> None:
+    traces = synthetic_traces(6, 512, temperature=1.0, seed=4)
+    gate = make_controller_dict(
+        {"kind": "gate", "any": [{"signal": "entropy", "op": ">=", "value": 1.0}]},
+        name="g",
+        draft="d",
+        target="t",
+        temperature=1.0,
+    )
+    gate_strict = make_controller_dict(
+        {"kind": "gate", "any": [{"signal": "entropy", "op": ">=", "value": 2.0}]},
+        name="g2",
+        draft="d",
+        target="t",
+        temperature=1.0,
+    )
+    specs = [gate, "stat", "periodic:32", gate_strict, Controller.from_dict(gate), "full"]
+    batched = replay_many(traces, specs)
+    for spec, result in zip(specs, batched, strict=True):
+        single = replay(traces, spec)
+        assert result.rounds.tolist() == single.rounds.tolist()
+        assert result.refreshes.tolist() == single.refreshes.tolist()
+        assert np.array_equal(result.al_by_position, single.al_by_position, equal_nan=True)
+    assert [r.policy for r in batched] == ["g", "stat", "periodic:32", "g2", "g", "full"]
+
+
+def test_replay_needs_the_arms_it_uses() -> None:
+    traces = one_request_traces([1, 1, 1], 0.0, draft_length=2)
+    stat_only = ProbeTraces(
+        requests=traces.requests,
+        arms=("stat",),
+        outcome=traces.outcome[:, :1],
+        entropy=traces.entropy[:, :1],
+        stride_signals={},
+        temperature=0.0,
+        draft_length=2,
+    )
+    with pytest.raises(ValueError):
+        replay(stat_only, "periodic:8")
+    with pytest.raises(ValueError):
+        replay(stat_only, "full")
+    assert replay(stat_only, "stat").rounds.tolist() == [1]
