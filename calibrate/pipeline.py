@@ -1,0 +1,579 @@
+"""``calibrate(...)``: probe traces in, a validated controller JSON + report out (the CLI calls this)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rift_ada.calibrate.bootstrap import Interval, al_difference_ci, refresh_reduction_ci
+from rift_ada.calibrate.export import (
+    DEFAULT_CACHE,
+    DEFAULT_SCHEDULE,
+    DEFAULT_SIGNALS,
+    atomic_write_json,
+    canonical_json,
+    controller_dict,
+    export_controller,
+    sha256_json,
+)
+from rift_ada.calibrate.grids import (
+    SIGNALS,
+    ThresholdGrids,
+    check_signal_columns,
+    decision_signals,
+    percentile_grid,
+    threshold_grids,
+)
+from rift_ada.calibrate.operating_point import OperatingPoint, TrialPoint, select_operating_point
+from rift_ada.calibrate.report import write_report
+from rift_ada.calibrate.splits import CalibrationError, Splits, make_splits
+from rift_ada.calibrate.study import (
+    DEFAULT_INTERVALS,
+    PolicyEvaluator,
+    StudyTask,
+    baseline_labels,
+    run_study,
+    study_points,
+)
+from rift_ada.collectors.probe_traces import ProbeTraces
+from rift_ada.policies.space import FAMILIES, SearchSpace
+
+SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
+ROLE_CHOSEN, ROLE_REFERENCE, ROLE_MATCHED, ROLE_STAT, ROLE_FULL = (
+    "chosen controller",
+    "periodic reference",
+    "periodic at the controller's refresh rate",
+    "RIFT-stat",
+    "full KV",
+)
+
+
+class _Progress:
+    """Adapts ``progress`` (a callable ``(stage, done, total)`` or a rich ``Progress``) to one call."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if self.hook is None:
+            return
+        if hasattr(self.hook, "add_task") and hasattr(self.hook, "update"):
+            if stage not in self.tasks:
+                self.tasks[stage] = self.hook.add_task(stage, total=total)
+            self.hook.update(self.tasks[stage], completed=done, total=total)
+        else:
+            self.hook(stage, done, total)
+
+
+@dataclass
+class CalibrationResult:
+    """What a calibration produced; every number is also in ``calibration.json``."""
+
+    out_dir: Path
+    controller: dict[str, Any]
+    controller_path: Path
+    calibration_path: Path
+    report_path: Path
+    calibration: dict[str, Any]
+    splits: Splits
+    operating_point: OperatingPoint
+    study_name: str
+    storage: str
+
+    @property
+    def split_sizes(self) -> dict[str, int]:
+        """Requests per split."""
+        return self.splits.sizes
+
+    @property
+    def has_gain(self) -> bool:
+        """True when the confirmation split confirms a gain over periodic refresh."""
+        return bool(self.calibration["confirmation"]["verdict"]["gain"])
+
+
+def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target: str, temperature: float) -> None:
+    """Refuse traces whose manifest draft, target or temperature differ from the requested ones."""
+    if not manifest:
+        raise CalibrationError("the traces carry no manifest: cannot check draft, target and temperature")
+    problems: list[str] = []
+    mode = manifest.get("mode")
+    if mode is not None and mode != "probe":
+        problems.append(f"mode is {mode!r}, calibration needs 'probe' traces")
+    for key, wanted in (("draft", model_draft), ("target", model_target)):
+        have = manifest.get(key)
+        if have is None:
+            problems.append(f"manifest has no {key!r}")
+        elif str(have) != str(wanted):
+            problems.append(f"{key} is {have!r} in the traces but {wanted!r} was requested")
+    have_t = manifest.get("temperature")
+    if have_t is None:
+        problems.append("manifest has no 'temperature'")
+    elif not math.isclose(float(have_t), float(temperature), rel_tol=0.0, abs_tol=1e-9):
+        problems.append(f"temperature is {float(have_t)} in the traces but {float(temperature)} was requested")
+    if problems:
+        raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
+
+
+def _fit_score(traces: ProbeTraces, signals: Sequence[str]) -> Any:
+    """ScorePolicy fitted (NNLS on counterfactual refresh gains) on the calibration split."""
+    from rift_ada.policies.score import ScorePolicy
+
+    try:
+        return ScorePolicy().fit(traces, signals=list(signals))
+    except ValueError as exc:
+        raise CalibrationError(f"cannot fit the score family on the calibration split: {exc}") from exc
+
+
+def _score_grid(fitted: Any, traces: ProbeTraces) -> tuple[float, ...]:
+    """Thresholds over the percentiles of the fitted score at the calibration decision points."""
+    values = np.asarray(fitted.score_values(decision_signals(traces)), dtype=np.float64)
+    return percentile_grid(values[np.isfinite(values)], SCORE_PERCENTILES)
+
+
+def _storage_url(storage: str | None, out_dir: Path) -> tuple[str, str]:
+    """(URL to open, text for provenance: the default is recorded relative to the run directory)."""
+    if storage is None:
+        return f"sqlite:///{(out_dir / 'study.db').resolve()}", "sqlite:///study.db (in the run directory)"
+    shown = storage
+    if "://" in storage and not storage.startswith(("sqlite", "redis")):
+        try:
+            from sqlalchemy.engine import make_url
+
+            shown = make_url(storage).render_as_string(hide_password=True)
+        except Exception:  # only for display
+            shown = storage.split("@")[-1]
+    return storage, shown
+
+
+def _macro_by_position(al_by_position: np.ndarray) -> list[float | None]:
+    with np.errstate(all="ignore"):
+        counts = np.sum(np.isfinite(al_by_position), axis=0)
+        means = np.nansum(al_by_position, axis=0) / np.maximum(counts, 1)
+    return [float(m) if c > 0 else None for m, c in zip(means, counts, strict=True)]
+
+
+def _policy_entry(result: Any, role: str, policy: dict[str, Any] | str) -> dict[str, Any]:
+    refreshes = np.asarray(result.refreshes, dtype=np.float64)
+    committed = np.asarray(result.committed, dtype=np.float64)
+    return {
+        "role": role,
+        "policy": policy,
+        "mean_al": float(result.mean_al),
+        "refreshes_per_1k": float(result.refreshes_per_1k),
+        "refreshes_total": int(round(refreshes.sum())),
+        "committed_total": int(round(committed.sum())),
+        "al_by_position": _macro_by_position(np.asarray(result.al_by_position, dtype=np.float64)),
+        "per_request": {
+            "al": [float(x) for x in np.asarray(result.al, dtype=np.float64)],
+            "refreshes": [float(x) for x in refreshes],
+            "committed": [float(x) for x in committed],
+        },
+    }
+
+
+def _matched_rate_baseline(evaluator: PolicyEvaluator, rate: float) -> str:
+    """The longest periodic interval that refreshes at least ``rate`` times per 1K on the selection split.
+
+    Periodic refreshes fall (weakly) as the interval grows, so a binary search over
+    [1, 1000 / rate] finds it in about ten replays; ``stat`` when the controller never refreshes.
+    """
+    if rate <= 0:
+        return "stat"
+    low, high = 1, max(1, int(math.floor(1000.0 / rate)))
+    if evaluator.evaluate(f"periodic:{high}")[1] >= rate:
+        return f"periodic:{high}"
+    while high - low > 1:  # invariant: rate(low) >= target > rate(high)
+        mid = (low + high) // 2
+        if evaluator.evaluate(f"periodic:{mid}")[1] >= rate:
+            low = mid
+        else:
+            high = mid
+    return f"periodic:{low}"
+
+
+def _comparison(
+    name: str, ctl: dict[str, Any], base_label: str, base: dict[str, Any], *, seed: int, n_resamples: int
+) -> dict[str, Any]:
+    ctl_req, base_req = ctl["per_request"], base["per_request"]
+    reduction: Interval | None = None
+    if sum(base_req["refreshes"]) > 0:
+        reduction = refresh_reduction_ci(
+            np.asarray(ctl_req["refreshes"]), np.asarray(base_req["refreshes"]), n_resamples=n_resamples, seed=seed
+        )
+    diff = al_difference_ci(np.asarray(ctl_req["al"]), np.asarray(base_req["al"]), n_resamples=n_resamples, seed=seed)
+    return {
+        "name": name,
+        "baseline": base_label,
+        "refresh_reduction": None if reduction is None else _finite_dict(reduction),
+        "al_difference": _finite_dict(diff),
+    }
+
+
+def _finite_dict(interval: Interval) -> dict[str, Any]:
+    out = interval.to_dict()
+    for key in ("estimate", "low", "high"):
+        if out[key] is not None and not math.isfinite(out[key]):
+            out[key] = None
+    return out
+
+
+def _verdict(op: OperatingPoint, comparisons: list[dict[str, Any]], reference_label: str) -> dict[str, Any]:
+    if op.chosen_by == "reference_baseline":
+        return {
+            "gain": False,
+            "text": f"**No gain.** No adaptive trial beat {reference_label} on the selection split at matched "
+            f"AL or matched refreshes; the exported controller is the periodic reference itself.",
+            "reasons": list(op.notes),
+        }
+    vs_ref, vs_rate = comparisons[0], comparisons[1]
+    red, d_ref, d_rate = vs_ref["refresh_reduction"], vs_ref["al_difference"], vs_rate["al_difference"]
+    reasons: list[str] = []
+    saves = bool(red and red["low"] is not None and red["low"] > 0)
+    al_kept = bool(d_ref["high"] is not None and d_ref["high"] >= 0)
+    beats_curve = bool(d_rate["low"] is not None and d_rate["low"] > 0)
+    if not saves:
+        reasons.append(f"the refresh-reduction CI vs {reference_label} does not exclude 0")
+    if not al_kept:
+        reasons.append(f"AL is significantly below {reference_label}")
+    if not beats_curve:
+        reasons.append(
+            f"AL is not significantly above periodic refresh at the controller's own rate ({vs_rate['baseline']}): "
+            "the saving is what refreshing less often gives anyway"
+        )
+    gain = saves and al_kept and beats_curve
+    red_text = "–" if red is None else f"{100 * red['estimate']:.1f}% [{100 * (red['low'] or 0):.1f}%, "
+    if red is not None:
+        red_text += f"{100 * (red['high'] or 0):.1f}%]"
+    ci = f"AL difference {d_ref['estimate']:+.3f} [{_n(d_ref['low'])}, {_n(d_ref['high'])}]"
+    ci_rate = f"{d_rate['estimate']:+.3f} [{_n(d_rate['low'])}, {_n(d_rate['high'])}]"
+    if gain:
+        text = (
+            f"**Gain confirmed** on the held-out confirmation split: {red_text} fewer refreshes than "
+            f"{reference_label} ({ci}); against {vs_rate['baseline']} (as many refreshes or more) the AL "
+            f"difference is {ci_rate}."
+        )
+    else:
+        text = (
+            f"**No confirmed gain** over periodic refresh. Refresh reduction vs {reference_label}: {red_text}, "
+            f"{ci}; vs {vs_rate['baseline']}: AL difference {ci_rate}. Why: " + "; ".join(reasons) + "."
+        )
+    return {"gain": gain, "text": text, "reasons": reasons}
+
+
+def _n(value: float | None) -> str:
+    return "nan" if value is None else f"{value:+.3f}"
+
+
+def calibrate(
+    traces: ProbeTraces,
+    out_dir: str | Path,
+    *,
+    name: str,
+    draft: str,
+    target: str,
+    temperature: float,
+    trials: int = 200,
+    timeout: float | None = None,
+    storage: str | None = None,
+    workers: int = 1,
+    seed: int = 0,
+    split: Sequence[float] = (0.4, 0.3, 0.3),
+    reference_interval: int = 128,
+    families: Sequence[str] = ("gate", "score"),
+    manifest_hash: str | None = None,
+    progress: Callable[[str, int, int | None], None] | Any | None = None,
+    log: Callable[[str], Any] | None = print,
+    signals: Sequence[str] | None = None,
+    intervals: Sequence[int] = DEFAULT_INTERVALS,
+    study_name: str | None = None,
+    position_bin: int = 256,
+    n_resamples: int = 9999,
+    cache: dict[str, Any] | None = None,
+    schedule: dict[str, Any] | None = None,
+) -> CalibrationResult:
+    """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
+
+    Splits the requests (calibration / selection / confirmation), builds percentile threshold
+    grids and fits the score family on the calibration split, runs a seeded multi-objective Optuna
+    study by replay on the selection split (baselines included), picks the matched-AL operating
+    point, confirms it with paired-bootstrap CIs on the confirmation split, and writes
+    ``controller.json`` (validated, with provenance), ``calibration.json``, ``report.md`` and plots.
+    ``trials`` counts searched trials; the baselines are added on top. ``progress`` is a callable
+    ``(stage, done, total)`` or a rich ``Progress``; ``log`` gets one-line milestones (split sizes,
+    the chosen point, the verdict), ``None`` silences them. ``signals`` restricts the signals the
+    search may use (default: all five, ``query_drift`` only when the traces carry it).
+    """
+    t0 = time.monotonic()
+    report = _Progress(progress)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if traces.manifest:
+        check_traces_match(traces.manifest, draft, target, temperature)
+    elif not math.isclose(float(traces.temperature), float(temperature), abs_tol=1e-9):
+        raise CalibrationError(
+            f"temperature is {traces.temperature} in the traces but {float(temperature)} was requested"
+        )
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise CalibrationError(f"families must be a non-empty subset of {list(FAMILIES)}, got {list(families)}")
+    if trials < 0:
+        raise CalibrationError(f"trials must be non-negative, got {trials}")
+    if signals is None:
+        signals = tuple(s for s in SIGNALS if s != "query_drift" or "query_drift" in traces.stride_signals)
+    selected_signals = tuple(signals)
+    unknown_signals = [s for s in selected_signals if s not in SIGNALS]
+    if unknown_signals or not selected_signals:
+        raise CalibrationError(f"signals must be a non-empty subset of {list(SIGNALS)}, got {list(signals)}")
+    check_signal_columns(traces, selected_signals)
+    say = log if log is not None else (lambda _msg: None)
+
+    # 1. splits
+    splits = make_splits(traces, split, seed=seed)
+    report("splits", 1, 1)
+    say("splits: " + ", ".join(f"{k} {v}" for k, v in splits.sizes.items()) + f" requests (seed {seed})")
+    cal_traces = traces.subset(splits.calibration)
+    sel_traces = traces.subset(splits.selection)
+    conf_traces = traces.subset(splits.confirmation)
+
+    # 2. grids (and the fitted score) from the calibration split
+    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals)
+    score_terms: tuple[dict[str, Any], ...] = ()
+    score_grid: tuple[float, ...] = ()
+    if "score" in families:
+        fitted = _fit_score(cal_traces, selected_signals)
+        score_terms = tuple(term.to_json() for term in fitted.terms)
+        score_grid = _score_grid(fitted, cal_traces)
+    space = SearchSpace(
+        grids=dict(grids.values), families=tuple(families), score_terms=score_terms, score_grid=score_grid
+    )
+    report("grids", 1, 1)
+
+    # 3. the study on the selection split
+    manifest_cache = traces.manifest.get("cache") if traces.manifest else None
+    if isinstance(manifest_cache, dict):  # the manifest may carry more than the controller's fields
+        manifest_cache = {k: v for k, v in manifest_cache.items() if k in DEFAULT_CACHE}
+    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
+    if schedule:
+        sched.update(schedule)
+    fields = {
+        "name": name,
+        "draft": draft,
+        "target": target,
+        "temperature": float(temperature),
+        "cache": dict(cache or manifest_cache or DEFAULT_CACHE),
+        "schedule": sched,
+        "signals": dict(DEFAULT_SIGNALS),
+    }
+    storage_url, storage_shown = _storage_url(storage, out)
+    study_name = study_name or f"rift-ada-{name}"
+    baselines = tuple(baseline_labels(intervals, reference_interval))
+    task = StudyTask(
+        storage=storage_url,
+        study_name=study_name,
+        n_trials=int(trials),
+        seed=int(seed),
+        space=space,
+        evaluator=PolicyEvaluator(sel_traces, fields, position_bin=position_bin),
+        baselines=baselines,
+        timeout=timeout,
+    )
+    t_study = time.monotonic()
+    study = run_study(task, workers=workers, progress=report)
+    study_wall = time.monotonic() - t_study
+    points: list[TrialPoint] = study_points(study)
+    missing = sorted(set(baselines) - {p.label for p in points if p.baseline})
+    if missing:
+        raise CalibrationError(f"baseline trial(s) {missing} did not complete (timeout too short?)")
+    # One point per baseline label (a shared storage may hold a duplicate enqueued by a racing worker).
+    seen: set[str] = set()
+    unique_points = []
+    for p in points:
+        if p.baseline and p.label in seen:
+            continue
+        seen.add(p.label)
+        unique_points.append(p)
+    points = unique_points
+
+    # 4. operating point
+    reference_label = f"periodic:{int(reference_interval)}"
+    op = select_operating_point(points, reference_label)
+    periodic_curve = sorted(
+        (
+            {"interval": int(p.label.split(":")[1]), "mean_al": p.al, "refreshes_per_1k": p.refreshes_per_1k}
+            for p in points
+            if p.baseline and p.family == "periodic"
+        ),
+        key=lambda c: c["interval"],
+    )
+
+    # 5. confirmation
+    chosen = op.chosen
+    chosen_target: dict[str, Any] | str = chosen.label if chosen.baseline else chosen.policy
+    rate_label = _matched_rate_baseline(task.evaluator, chosen.refreshes_per_1k)
+    conf_eval = PolicyEvaluator(conf_traces, fields, position_bin=position_bin)
+    plan: list[tuple[str, str, dict[str, Any] | str]] = [
+        ("chosen", ROLE_CHOSEN, chosen_target),
+        (reference_label, ROLE_REFERENCE, reference_label),
+        (rate_label, ROLE_MATCHED, rate_label),
+        ("stat", ROLE_STAT, "stat"),
+        ("full", ROLE_FULL, "full"),
+    ]
+    unique_plan: dict[str, tuple[str, dict[str, Any] | str]] = {}
+    for label, role, target_policy in plan:
+        if label in unique_plan:
+            unique_plan[label] = (unique_plan[label][0] + f", {role}", unique_plan[label][1])
+        else:
+            unique_plan[label] = (role, target_policy)
+    results = conf_eval.run_many([target_policy for _, target_policy in unique_plan.values()])
+    policies: dict[str, dict[str, Any]] = {
+        label: _policy_entry(result, role, target_policy)
+        for (label, (role, target_policy)), result in zip(unique_plan.items(), results, strict=True)
+    }
+    edges = [float(e) for e in np.asarray(results[0].position_edges).ravel()]
+    report("confirmation", 1, 1)
+    comparisons = [
+        _comparison(
+            "matched AL",
+            policies["chosen"],
+            reference_label,
+            policies[reference_label],
+            seed=seed,
+            n_resamples=n_resamples,
+        ),
+        _comparison(
+            "matched refreshes",
+            policies["chosen"],
+            rate_label,
+            policies[rate_label],
+            seed=seed,
+            n_resamples=n_resamples,
+        ),
+    ]
+    verdict = _verdict(op, comparisons, reference_label)
+    say(
+        f"chosen: trial {chosen.number} ({chosen.family}, {op.chosen_by.replace('_', ' ')}), "
+        f"selection AL {chosen.al:.3f} at {chosen.refreshes_per_1k:.2f} refreshes/1K vs {reference_label} "
+        f"AL {op.reference.al:.3f} at {op.reference.refreshes_per_1k:.2f}"
+    )
+    say("confirmation: " + ("gain confirmed" if verdict["gain"] else "no confirmed gain"))
+    confirmation = {
+        "n_requests": int(len(splits.confirmation)),
+        "request_ids": [str(x) for x in conf_traces.requests["request_id"]],
+        "seed": int(seed),
+        "n_resamples": int(n_resamples),
+        "confidence": 0.95,
+        "position_edges": edges,
+        "policy_order": list(policies),
+        "policies": policies,
+        "comparisons": comparisons,
+        "verdict": verdict,
+    }
+
+    # 6. export
+    created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+    manifest_json_hash = sha256_json(traces.manifest) if traces.manifest else None
+    trace_info = {
+        "manifest_hash": manifest_hash,
+        "manifest_json_sha256": manifest_json_hash,
+        "n_requests": int(traces.n_requests),
+        "dataset": traces.manifest.get("dataset") if traces.manifest else None,
+        "temperature": float(traces.temperature),
+        "decision_stride": int(traces.decision_stride),
+        "draft_length": int(traces.draft_length),
+    }
+    n_complete = len(points)
+    provenance = {
+        "created": created,
+        "tool": "rift-ada calibrate",
+        "traces": trace_info,
+        "seed": int(seed),
+        "splits": splits.to_dict(),
+        "study": {
+            "name": study_name,
+            "storage": storage_shown,
+            "trials": int(trials),
+            "baselines": list(baselines),
+            "complete": n_complete,
+            "sampler": "TPESampler(multivariate, group, constant_liar), seeded",
+            "objectives": ["mean_al:maximize", "refreshes_per_1k:minimize"],
+            "search_space": space.fingerprint(),
+        },
+        "reference": reference_label,
+        "chosen_trial": {
+            "number": chosen.number,
+            "label": chosen.label,
+            "family": chosen.family,
+            "params": chosen.params,
+            "chosen_by": op.chosen_by,
+            "selection": {"mean_al": chosen.al, "refreshes_per_1k": chosen.refreshes_per_1k},
+        },
+        "confirmation": {
+            "n_requests": confirmation["n_requests"],
+            "comparisons": comparisons,
+            "gain": verdict["gain"],
+        },
+    }
+    export_policy = chosen.policy if not chosen.baseline else {"kind": "periodic", "interval": int(reference_interval)}
+    controller = controller_dict(export_policy, **fields)
+    controller["calibration"] = provenance
+    report("export", 0, 3)
+    controller_path = export_controller(controller, out / "controller.json")
+
+    calibration = {
+        "format": "rift-ada.calibration",
+        "version": 1,
+        "created": created,
+        "name": name,
+        "draft": draft,
+        "target": target,
+        "temperature": float(temperature),
+        "seed": int(seed),
+        "traces": trace_info,
+        "splits": dict(splits.to_dict(), assignment=splits.assignment()),
+        "signals": list(selected_signals),
+        "grids": grids.to_dict(),
+        "space": space.to_dict(),
+        "study": {
+            "name": study_name,
+            "storage": storage_shown,
+            "search_trials": int(trials),
+            "n_baselines": len(baselines),
+            "complete": n_complete,
+            "workers": int(workers),
+            "timeout": timeout,
+            "sampler": provenance["study"]["sampler"],
+            "wall_s": study_wall,
+        },
+        "trials": [p.to_dict() for p in points],
+        "periodic_curve": periodic_curve,
+        "operating_point": op.to_dict(),
+        "confirmation": confirmation,
+        "controller": "controller.json",
+        "wall_s": time.monotonic() - t0,
+    }
+    calibration_path = atomic_write_json(out / "calibration.json", calibration)
+    report("export", 2, 3)
+    # Render from the JSON as written, so the report is exactly what calibration.json gives.
+    report_path = write_report(json.loads(canonical_json(calibration)), out)
+    report("export", 3, 3)
+    return CalibrationResult(
+        out_dir=out,
+        controller=controller,
+        controller_path=controller_path,
+        calibration_path=calibration_path,
+        report_path=report_path,
+        calibration=calibration,
+        splits=splits,
+        operating_point=op,
+        study_name=study_name,
+        storage=storage_url,
+    )
