@@ -111,6 +111,15 @@ def budgeted_attention(
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv = key.shape[1]
     group = n_heads // n_kv
+    sinks = getattr(module, "sinks", None)
+    if not pending.full and sinks is None and not layer.needs_probs(pending):
+        # Fast path: fused attention. A single query sees every gathered key (its own window and
+        # the selection), so it needs no mask at all.
+        mask = None if n_queries == 1 else band_mask(pending, key.device)
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
+        )
+        return output.transpose(1, 2).contiguous()
     grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
     logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
     if pending.full:
@@ -120,7 +129,6 @@ def budgeted_attention(
     else:
         visible = band_mask(pending, key.device)[:, :, None]  # (b, 1|kv, 1, q, L)
     logits = logits.masked_fill(~visible, float("-inf"))
-    sinks = getattr(module, "sinks", None)
     if sinks is not None:
         sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
         probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]

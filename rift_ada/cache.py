@@ -242,6 +242,10 @@ class BudgetedLayer(DynamicLayer):
         return keys, values
 
     # ---- called from the attention function ------------------------------------------------
+    def needs_probs(self, pending: PendingAttention) -> bool:
+        """Whether this forward's attention probabilities are needed (H2O scores, retained mass)."""
+        return self.policy.selection == "h2o" and self.arm_selection is None
+
     def wants_full_probs(self, pending: PendingAttention) -> bool:
         return self.mass_targets is not None and self.prefilled
 
