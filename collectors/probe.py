@@ -1,11 +1,12 @@
 """Probe collection: one teacher-forced pass over a fixed target response, every arm per stride.
 
-The draft runs once over the response, stride by stride. A *canonical* cache stores the full draft
-KV (computed with full attention) and rescores a selection at every stride boundary; the
-selection history gives each arm its working set: ``age:N`` uses the selection made N tokens
-before the stride, ``stat`` the prefill selection, ``full`` everything. Per stride, all compressed
-arms run as one batched forward (batch = arms) over the shared stored KV, then the canonical pass
-stores the stride. Never a K-step draft loop: the cost is one pass per arm per stride.
+The draft runs over the response stride by stride. A *canonical* cache stores the full draft KV
+(full attention) and rescores a selection at every stride boundary; the selection history gives
+each arm its working set: ``age:N`` uses the selection made N tokens before the stride, ``stat``
+the prefill selection, ``full`` everything. Each compressed arm keeps its own KV history (and
+recurrent state), computed under its own working sets as a closed-loop draft's would be, and all
+of them run as one batched forward per stride (batch = arms). Never a K-step draft loop: the cost
+is one pass per arm per stride, plus one rescoring.
 
 Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
 greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x))) and the draft
@@ -120,23 +121,36 @@ def probe_request(
     query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
     retained_mass = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
 
-    cache: BudgetedCache = make_draft_cache(draft_model, policy)
-    layers = cache.budgeted_layers
+    # The canonical cache stores the full draft KV with full attention: it scores the selections,
+    # gives the `full` arm and measures retained mass. The arms cache holds one KV history (and one
+    # recurrent state, for hybrid models) per compressed arm, each computed under its own working set.
+    canonical: BudgetedCache = make_draft_cache(draft_model, policy)
+    layers = canonical.budgeted_layers
     for layer in layers:
         layer.force_full = True
     sequence = torch.tensor([prompt_ids + response_ids], device=device)
     start = len(prompt_ids) - 1
-    _forward(draft_model, sequence[:, :start], cache, 0)
+    _forward(draft_model, sequence[:, :start], canonical, 0)
     target_cache = None
     if target_model is not None:
         target_cache = DynamicCache(config=target_model.config)
         _forward(target_model, sequence[:, :start], target_cache, 0)
     for layer in layers:
         layer.pop_query_summary()
+    arms_cache = copy.deepcopy(canonical)
+    expand = torch.zeros(compressed, dtype=torch.long, device=device)
+    for index, layer in enumerate(arms_cache.layers):
+        if isinstance(layer, BudgetedLayer):
+            layer.force_full = False
+            layer.expand_batch(compressed)
+        else:
+            arms_cache.layers[index].reorder_cache(expand)
+    arm_layers = arms_cache.budgeted_layers
 
     max_age_strides = max(arm_ages) // decision_stride
     history: dict[int, list[torch.Tensor]] = {}  # stride -> selection per layer (made at its start)
-    summaries: dict[int, list[torch.Tensor]] = {}  # stride -> canonical query summary per layer
+    arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
+    full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
     stat_selection = [layer.compute_selection() for layer in layers]
 
     for stride in range(n_strides):
@@ -149,35 +163,19 @@ def probe_request(
         window_start = max(0, position - layers[0].window + 1)
         arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
         arm_selections = [history[s] for s in arm_refresh] + [stat_selection]
-        targets_per_layer = []
-        for index, layer in enumerate(layers):
-            selection, valid, prefix_limit = _arm_working_sets(
-                layer, [selections[index] for selections in arm_selections], window_start
-            )
-            layer.arm_selection, layer.arm_valid, layer.arm_prefix_limit = selection, valid, prefix_limit
-            targets_per_layer.append((selection, valid, prefix_limit))
+        for index, (layer, arm_layer) in enumerate(zip(layers, arm_layers, strict=True)):
+            working_set = _arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
+            arm_layer.arm_selection, arm_layer.arm_valid, arm_layer.arm_prefix_limit = working_set
+            layer.mass_targets = [working_set]
 
-        # Compressed arms, batched: other layer kinds start from the canonical state and are put back.
-        saved = {
-            i: copy.deepcopy(layer) for i, layer in enumerate(cache.layers) if not isinstance(layer, BudgetedLayer)
-        }
-        expand = torch.zeros(compressed, dtype=torch.long, device=device)
-        for i in saved:
-            cache.layers[i].reorder_cache(expand)
-        arm_logits = _forward(draft_model, tokens.expand(compressed, -1), cache, position)
-        arm_summaries = [(layer.arm_query_sum / n_new) for layer in layers]
-        for i, layer_copy in saved.items():
-            cache.layers[i] = layer_copy
-        for index, layer in enumerate(layers):
-            layer.arm_selection = layer.arm_valid = layer.arm_prefix_limit = None
-            layer.mass_targets = [targets_per_layer[index]]
-
-        # Canonical pass: full attention, stores the stride, measures each arm's retained mass.
-        full_logits = _forward(draft_model, tokens, cache, position)
-        summaries[stride] = [layer.pop_query_summary()[0] for layer in layers]
-        summaries.pop(stride - max_age_strides - 2, None)
+        arm_logits = _forward(draft_model, tokens.expand(compressed, -1), arms_cache, position)
+        arm_history[stride] = [layer.arm_query_sum / n_new for layer in arm_layers]
+        full_logits = _forward(draft_model, tokens, canonical, position)
+        full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
+        for table in (arm_history, full_history):
+            table.pop(stride - max_age_strides - 2, None)
         if stride == 0:
-            reference_first = summaries[0]
+            arm_first, full_first = arm_history[0], full_history[0]
         mass = torch.stack([layer.retained for layer in layers]).mean(0)
         for layer in layers:
             layer.mass_targets = None
@@ -198,9 +196,10 @@ def probe_request(
         entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
         retained_mass[:compressed, stride] = mass.cpu().numpy()
         retained_mass[-1, stride] = 1.0
+        # Query drift: the arm's own summary now against its summary just before its last refresh.
         for arm_index, refresh_stride in enumerate([*arm_refresh, 0]):
-            reference = summaries.get(refresh_stride - 1, reference_first) if refresh_stride > 0 else reference_first
-            now = [summary[arm_index] for summary in arm_summaries]
-            query_drift[arm_index, stride] = _cosine_drift(now, reference)
-        query_drift[-1, stride] = _cosine_drift(summaries[stride], reference_first)
+            reference = arm_history.get(refresh_stride - 1, arm_first) if refresh_stride > 0 else arm_first
+            now = [summary[arm_index] for summary in arm_history[stride]]
+            query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
+        query_drift[-1, stride] = _cosine_drift(full_history[stride], full_first)
     return ProbeResult(arms, outcome, entropy, query_drift, retained_mass)

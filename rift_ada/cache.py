@@ -215,16 +215,17 @@ class BudgetedLayer(DynamicLayer):
         return keys, values
 
     def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
-        """Probe pass: batch = arms, stored KV shared and left unchanged."""
-        n_arms = key_states.shape[0]
+        """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
         first, n_new = self.length, key_states.shape[2]
+        if self.keys.shape[0] != key_states.shape[0]:
+            raise CacheError(
+                f"probe arms: cache holds {self.keys.shape[0]} arm histories, got batch {key_states.shape[0]}"
+            )
+        self._append(key_states, value_states)
         window_start = max(0, first - self.window + 1)
-        head_dim = self.keys.shape[3]
-        stored_k = self.keys[:1].expand(n_arms, -1, -1, -1)
-        stored_v = self.values[:1].expand(n_arms, -1, -1, -1)
-        index = self.arm_selection[..., None].expand(-1, -1, -1, head_dim)
-        keys = torch.cat([stored_k.gather(2, index), stored_k[:, :, window_start:first], key_states], 2)
-        values = torch.cat([stored_v.gather(2, index), stored_v[:, :, window_start:first], value_states], 2)
+        index = self.arm_selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
+        values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
         set_pending(
             self.layer_idx,
             PendingAttention(
@@ -240,6 +241,11 @@ class BudgetedLayer(DynamicLayer):
             ),
         )
         return keys, values
+
+    def expand_batch(self, repeats: int) -> None:
+        """Repeat the stored state ``repeats`` times along the batch (one history per probe arm)."""
+        self.keys = self.keys[:1].repeat(repeats, 1, 1, 1)
+        self.values = self.values[:1].repeat(repeats, 1, 1, 1)
 
     # ---- called from the attention function ------------------------------------------------
     def needs_probs(self, pending: PendingAttention) -> bool:
