@@ -347,7 +347,9 @@ def report(
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/demo"),
-    size: Annotated[str, typer.Option(help="tiny (CI smoke), small (default, ~15 min on 2 cores) or full.")] = "small",
+    size: Annotated[str, typer.Option(help="tiny (smoke test), small (default, ~15 min on 2 cores) or full.")] = "small",
+    model: ModelOption = "smollm2-135m",
+    dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
     seed: int = 0,
 ) -> None:
     """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
@@ -364,7 +366,7 @@ def demo(
             progress.update(tasks[stage], completed=done, total=total)
 
         try:
-            summary = run_demo(out, size=size, seed=seed, progress=step)
+            summary = run_demo(out, size=size, model=model, dataset=dataset, seed=seed, progress=step)
         except (ValueError, OSError) as error:
             _fail(error)
     console.print(summary["table"])

@@ -156,6 +156,7 @@ def generate_targets(
     seed: int = 0,
     max_new_tokens: int = 512,
     min_new_tokens: int = 0,
+    repetition_penalty: float = 1.0,
     on_request: ProgressFn | None = None,
     on_token: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -173,6 +174,7 @@ def generate_targets(
             seed=seed + index,
             eos_token_id=eos,
             min_new_tokens=min(min_new_tokens, limit),
+            repetition_penalty=repetition_penalty,
             on_token=on_token,
         )
         text = tokenizer.decode(response, skip_special_tokens=True)
@@ -189,7 +191,10 @@ def generate_targets(
         )
         if on_request is not None:
             on_request(request.request_id, len(response))
-    write_targets(out_path, rows, {"target_model": target_name, "temperature": temperature, "seed": seed})
+    meta = {"target_model": target_name, "temperature": temperature, "seed": seed}
+    if repetition_penalty != 1.0:
+        meta["repetition_penalty"] = repetition_penalty
+    write_targets(out_path, rows, meta)
     return rows
 
 

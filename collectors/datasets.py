@@ -180,9 +180,7 @@ def _estimate_prompt_tokens(messages: Sequence[dict[str, str]]) -> int:
 
 def tokenize_requests(requests: Iterable[Request], tokenizer: Any) -> list[Request]:
     """Copies of ``requests`` with ``isl`` set to the prompt length in ``tokenizer``'s tokens."""
-    return [
-        replace(request, isl=count_prompt_tokens(tokenizer, request.prompt_messages)) for request in requests
-    ]
+    return [replace(request, isl=count_prompt_tokens(tokenizer, request.prompt_messages)) for request in requests]
 
 
 class _TokenCounter:
@@ -781,8 +779,7 @@ def list_datasets() -> list[dict[str, str]]:
         {
             "name": "jsonl:PATH",
             "description": (
-                "Plain prompts, one JSON object per line: "
-                '{"id"?, "prompt" | "messages", "category"?, "tier"?}.'
+                'Plain prompts, one JSON object per line: {"id"?, "prompt" | "messages", "category"?, "tier"?}.'
             ),
             "usage": "--dataset jsonl:prompts.jsonl",
         },

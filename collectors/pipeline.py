@@ -72,6 +72,7 @@ def ensure_targets(
     seed: int,
     max_new_tokens: int,
     min_new_tokens: int = 0,
+    repetition_penalty: float = 1.0,
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -92,6 +93,7 @@ def ensure_targets(
         seed=seed,
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
+        repetition_penalty=repetition_penalty,
         on_request=on_request,
         on_token=on_token,
     )

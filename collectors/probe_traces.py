@@ -79,8 +79,7 @@ class ProbeTraces:
         for name, array in self.stride_signals.items():
             if array.shape != (*expected, n_strides):
                 raise ValueError(
-                    f"probe traces: stride signal {name!r} has shape {array.shape}, "
-                    f"expected {(*expected, n_strides)}"
+                    f"probe traces: stride signal {name!r} has shape {array.shape}, expected {(*expected, n_strides)}"
                 )
 
     @property

@@ -19,12 +19,15 @@ def generate_response(
     seed: int = 0,
     eos_token_id: int | None = None,
     min_new_tokens: int = 0,
+    repetition_penalty: float = 1.0,
     on_token: Callable[[int], None] | None = None,
 ) -> list[int]:
     """Sample (T > 0, seeded) or greedily decode (T = 0) a response with a plain full KV cache.
 
     ``min_new_tokens`` suppresses the end-of-sequence token until that many tokens exist, so
-    staleness experiments get long outputs from small models.
+    staleness experiments get long outputs from small models; ``repetition_penalty`` (> 1, as in
+    CTRL / transformers) divides the positive logits of tokens already generated, which keeps a
+    small model from looping. Runs are teacher-forced on whatever response this produces.
     """
     device = next(model.parameters()).device
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -33,6 +36,10 @@ def generate_response(
     output: list[int] = []
     for index in range(max_new_tokens):
         logits = logits.float()
+        if repetition_penalty != 1.0 and output:
+            seen = torch.tensor(sorted(set(output)), device=logits.device)
+            picked = logits[seen]
+            logits[seen] = torch.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
         if eos_token_id is not None and index < min_new_tokens:
             logits[eos_token_id] = float("-inf")
         if temperature > 0:

@@ -240,9 +240,7 @@ def import_targets(
             tokens,
             str(text),
             target_model=str(record.get("target_model") or target_model),
-            temperature=float(record["temperature"])
-            if record.get("temperature") is not None
-            else temperature,
+            temperature=float(record["temperature"]) if record.get("temperature") is not None else temperature,
             seed=int(record["seed"]) if record.get("seed") is not None else seed,
         )
     missing = [request.request_id for request in requests if request.request_id not in imported]

@@ -267,9 +267,7 @@ def _load_parts(trace_dir: Path) -> list[_Part]:
             AttributeError,
             ValueError,
         ) as error:
-            raise TraceError(
-                f"{commit_path}: corrupt commit record ({type(error).__name__}: {error})"
-            ) from error
+            raise TraceError(f"{commit_path}: corrupt commit record ({type(error).__name__}: {error})") from error
         part_id = commit_path.name[: -len(_COMMIT_SUFFIX)]
         parts.append(_Part(part_id, commit_path, request_ids, files))
     return parts
@@ -308,9 +306,7 @@ def _check_columns(table: pa.Table, kind: str, mode: str, where: str) -> None:
 def _to_table(kind: str, data: pa.Table | Mapping[str, Any]) -> pa.Table:
     """A table with canonical types for known columns (dicts of arrays/lists are converted)."""
     try:
-        table = (
-            data if isinstance(data, pa.Table) else pa.table({name: _to_arrow(v) for name, v in data.items()})
-        )
+        table = data if isinstance(data, pa.Table) else pa.table({name: _to_arrow(v) for name, v in data.items()})
     except (pa.ArrowException, TypeError, ValueError) as error:
         raise TraceError(f"table {kind!r}: cannot convert to Arrow ({error})") from error
     columns = []
@@ -321,9 +317,7 @@ def _to_table(kind: str, data: pa.Table | Mapping[str, Any]) -> pa.Table:
             try:
                 column = pc.cast(column, target, safe=not pa.types.is_floating(target))
             except (pa.ArrowException, TypeError) as error:
-                raise TraceError(
-                    f"table {kind!r}: column {name!r} cannot be cast to {target} ({error})"
-                ) from error
+                raise TraceError(f"table {kind!r}: column {name!r} cannot be cast to {target} ({error})") from error
         columns.append(column)
     return pa.table(columns, names=table.column_names)
 
@@ -356,9 +350,7 @@ def parse_shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
     if count < 1:
         raise TraceError(f"shard {index}/{count}: the number of shards N must be >= 1")
     if not 0 <= index < count:
-        raise TraceError(
-            f"shard {index}/{count}: the shard index must satisfy 0 <= i < N (i = {index}, N = {count})"
-        )
+        raise TraceError(f"shard {index}/{count}: the shard index must satisfy 0 <= i < N (i = {index}, N = {count})")
     return index, count
 
 
@@ -563,9 +555,7 @@ def read_tables(
         try:
             table = pa.concat_tables(items, promote_options="default")
         except pa.ArrowException as error:
-            raise TraceError(
-                f"{trace_dir}: parts of table {kind!r} have incompatible schemas ({error})"
-            ) from error
+            raise TraceError(f"{trace_dir}: parts of table {kind!r} have incompatible schemas ({error})") from error
         if sort and table.num_rows:
             keys = [("request_id", "ascending")]
             keys += [(name, "ascending") for name in SORT_KEYS.get(kind, ()) if name in table.column_names]
@@ -626,9 +616,7 @@ def read_probe_traces(trace_dir: str | Path, *, verify: bool = True) -> ProbeTra
     trace_dir = Path(trace_dir)
     manifest = read_manifest(trace_dir)
     if manifest["mode"] != "probe":
-        raise TraceError(
-            f"{trace_dir / MANIFEST_NAME}: field 'mode' is {manifest['mode']!r}; expected 'probe'"
-        )
+        raise TraceError(f"{trace_dir / MANIFEST_NAME}: field 'mode' is {manifest['mode']!r}; expected 'probe'")
     tables = read_tables(trace_dir, ("requests", "positions", "strides"), verify=verify, sort=False)
     if "requests" not in tables:
         raise TraceError(f"{trace_dir}: no committed parts (no complete requests yet)")
@@ -648,13 +636,9 @@ def read_probe_traces(trace_dir: str | Path, *, verify: bool = True) -> ProbeTra
     if strides.num_rows:
         length = max(length, int(pc.max(strides["stride"]).as_py()) * stride + 1)
     n_strides = -(-length // stride)
-    per_position = _pivot(
-        positions, "position", ("outcome", "entropy"), request_ids, arm_array, length, str(trace_dir)
-    )
+    per_position = _pivot(positions, "position", ("outcome", "entropy"), request_ids, arm_array, length, str(trace_dir))
     signal_names = [name for name in strides.column_names if name not in ("request_id", "arm", "stride")]
-    stride_signals = _pivot(
-        strides, "stride", signal_names, request_ids, arm_array, n_strides, str(trace_dir)
-    )
+    stride_signals = _pivot(strides, "stride", signal_names, request_ids, arm_array, n_strides, str(trace_dir))
     requests = {name: _column_to_numpy(requests_table[name]) for name in requests_table.column_names}
     requests["osl"] = osl
     requests["isl"] = requests_table["isl"].to_numpy().astype(np.int64)
@@ -676,9 +660,7 @@ def _probe_tables(traces: ProbeTraces, indices: np.ndarray) -> dict[str, pa.Tabl
     stride = traces.decision_stride
     n_positions = traces.outcome.shape[2]
     n_strides = -(-n_positions // stride)
-    ids = pa.array(
-        [str(value) for value in np.asarray(traces.requests["request_id"])[indices]], type=pa.string()
-    )
+    ids = pa.array([str(value) for value in np.asarray(traces.requests["request_id"])[indices]], type=pa.string())
     arms = pa.array(traces.arms, type=pa.string())
     osl = np.minimum(traces.osl[indices], n_positions)
     requests = {name: np.asarray(values)[indices] for name, values in traces.requests.items()}
@@ -698,9 +680,7 @@ def _probe_tables(traces: ProbeTraces, indices: np.ndarray) -> dict[str, pa.Tabl
         }
     )
     stride_valid = np.arange(n_strides)[None, :] < (-(-osl // stride))[:, None]
-    r, a, s = np.nonzero(
-        np.broadcast_to(stride_valid[:, None, :], (len(indices), len(traces.arms), n_strides))
-    )
+    r, a, s = np.nonzero(np.broadcast_to(stride_valid[:, None, :], (len(indices), len(traces.arms), n_strides)))
     columns: dict[str, Any] = {
         "request_id": pc.take(ids, pa.array(r)),
         "arm": pc.take(arms, pa.array(a)),

@@ -1,0 +1,120 @@
+"""The whole pipeline through the CLI on a tiny model: dataset -> targets -> probe -> calibrate -> closed loop."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from rift_ada.cli.app import app
+from rift_ada.models import PRESETS, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer random llama with the embedded SmolLM2 tokenizer, saved as a local model directory."""
+    _, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_demo_pipeline_report_matches_json(tiny_model_dir, tmp_path):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(
+        app,
+        ["demo", "--model", str(tiny_model_dir), "--size", "tiny", "--out", str(out), "--dataset", "embedded:small"],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "demo.json").read_text())
+    report = (out / "report.md").read_text()
+    run = summary["runs"]["T0"]
+    # Every closed-loop row of Table 1 is printed with the AL from demo.json.
+    table_lines = [line for line in report.splitlines() if line.startswith("| ")]
+    for row in run["closed"]:
+        label = {
+            "swa": "SWA",
+            "streamingllm": "StreamingLLM",
+            "h2o": "H2O",
+            "snapkv": "SnapKV",
+            "stat": "RIFT-stat",
+            "full": "Full KV",
+            run["reference"]: "RIFT-dyn",
+        }.get(row["policy"], "RIFT-ada")
+        line = next(line for line in table_lines if line.startswith(f"| {label} |"))
+        assert f"{row['mean_al']:.3f}" in line, (label, line)
+    # Full KV self-speculation is the ceiling: % of full is 100 for it.
+    assert "| Full KV | " in report and "100.0%" in next(line for line in table_lines if line.startswith("| Full KV |"))
+    # The controller exported by calibration is a valid v1 controller and was run in the closed loop.
+    controller = json.loads((out / "T0" / "calibration" / "controller.json").read_text())
+    assert controller["format"] == "rift-ada.controller"
+    assert any(row["is_controller"] for row in run["closed"])
+    # Fidelity rows compare replay with the closed loop on the same requests.
+    assert run["fidelity"] and all(f["n_matched"] == len(run["closed"][0]["per_request_al"]) for f in run["fidelity"])
+    for fid in run["fidelity"]:
+        assert re.search(re.escape(f"{fid['closed_mean_al']:.3f}"), report)
+    assert (out / "staleness_T0.png").stat().st_size > 1000
+
+
+def test_show_and_evaluate_cli(tiny_model_dir, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "demo"
+    assert (
+        runner.invoke(
+            app,
+            [
+                "demo",
+                "--model",
+                str(tiny_model_dir),
+                "--size",
+                "tiny",
+                "--out",
+                str(out),
+                "--dataset",
+                "embedded:small",
+            ],
+        ).exit_code
+        == 0
+    )
+    controller = out / "T0" / "calibration" / "controller.json"
+    shown = runner.invoke(app, ["show", str(controller)])
+    assert shown.exit_code == 0 and "policy" in shown.output.lower()
+    evaluated = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--traces",
+            str(out / "T0" / "probe"),
+            "--policy",
+            "stat",
+            "--policy",
+            "full",
+            "--closed",
+            str(out / "T0" / "closed"),
+            "--out",
+            str(tmp_path / "eval.json"),
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert [row["policy"] for row in data["policies"]] == ["stat", "full"]
+    assert data["policies"][0]["fidelity"]["n_matched"] >= 1
+    bad = runner.invoke(app, ["show", str(tmp_path / "eval.json")])
+    assert bad.exit_code == 2 and "error" in bad.output
