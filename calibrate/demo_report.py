@@ -86,7 +86,7 @@ def _findings(summary: dict[str, Any]) -> list[str]:
         ada = _controller_row(run["closed"])
         ref = by_policy.get(run["reference"])
 
-        def al(name: str) -> float | None:
+        def al(name: str, by_policy: dict[str, Any] = by_policy) -> float | None:
             row = by_policy.get(name)
             return None if row is None else row["mean_al"]
 
@@ -160,13 +160,15 @@ def render_demo_markdown(summary: dict[str, Any]) -> str:
             f"Splits (calibration / selection / confirmation): {run['split_sizes']}. Reference: periodic refresh "
             f"{run['reference']}. Full calibration report with the Pareto plot: [{rel}]({rel}).",
             "",
-            "| comparison (confirmation split, paired bootstrap 95% CI) | baseline | refresh reduction | AL difference |",
+            "| comparison (confirmation split, paired bootstrap 95% CI) | baseline | refresh reduction "
+            "| AL difference |",
             "|---|---|---|---|",
         ]
         for comparison in run["comparisons"]:
             lines.append(
                 f"| {comparison['name']} | {comparison['baseline']} | "
-                f"{_interval(comparison['refresh_reduction'], percent=True)} | {_interval(comparison['al_difference'])} |"
+                f"{_interval(comparison['refresh_reduction'], percent=True)} | "
+                f"{_interval(comparison['al_difference'])} |"
             )
         lines += ["", run["verdict"]["text"], ""]
     lines += ["## AL by output position (staleness curve)", ""]
