@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+
+docs: $(STAMP)
+	$(PY) -m rift_ada.cli.reference > docs/cli.md
+	$(PY) -m rift_ada.cli.reference --readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -95,12 +95,12 @@ def targets(
     temp: TempOption = 0.0,
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Targets Parquet file to write.")] = Path("runs/targets.parquet"),
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of sampling (recorded in the output).")] = 0,
     max_new_tokens: Annotated[int, typer.Option(help="Cap on output tokens per request.")] = 512,
     min_new_tokens: Annotated[int, typer.Option(help="Suppress EOS before this many tokens.")] = 0,
     limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
     import_file: Annotated[Path | None, typer.Option("--import", help="Import responses (JSONL/Parquet).")] = None,
-    device: str = "cpu",
+    device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
@@ -140,7 +140,7 @@ def collect(
     mode: Annotated[
         str, typer.Option(help="probe (all arms, teacher-forced) or closed (real draft/verify loop).")
     ] = "probe",
-    dataset: str = "embedded:small",
+    dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Trace directory.")] = Path("runs/traces"),
     targets_file: Annotated[
         Path | None, typer.Option("--targets", help="Targets Parquet (generated if absent).")
@@ -149,14 +149,14 @@ def collect(
         list[str] | None, typer.Option(help="Closed mode: stat, periodic:N, swa, ..., or controller JSON.")
     ] = None,
     budget: Annotated[int | None, typer.Option(help="Draft KV budget B (default: the preset's).")] = None,
-    sw_ratio: float = 0.5,
+    sw_ratio: Annotated[float, typer.Option(help="Sliding-window share of the budget (rho).")] = 0.5,
     block_size: Annotated[int | None, typer.Option(help="Block-level selection (paged serving).")] = None,
     arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = "0,32,64,128,256,512,768",
-    seed: int = 0,
-    limit: int | None = None,
-    max_new_tokens: int = 512,
+    seed: Annotated[int, typer.Option(help="Seed of sampling and target generation.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated target tokens.")] = 512,
     shard: Annotated[str | None, typer.Option(help="i/N: collect a deterministic part of the requests.")] = None,
-    device: str = "cpu",
+    device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
     from rift_ada.collectors.collect import CollectSettings
@@ -266,11 +266,11 @@ def calibrate(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory for report, study and controller.")] = None,
     controller_out: Annotated[Path | None, typer.Option("--controller", help="Controller JSON path.")] = None,
-    trials: int = 200,
+    trials: Annotated[int, typer.Option(help="Search trials (baselines come on top).")] = 200,
     timeout: Annotated[float | None, typer.Option(help="Stop the study after this many seconds.")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: SQLite in the run dir).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes filling the study.")] = 1,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of splits, sampler and bootstrap.")] = 0,
     reference_interval: Annotated[int, typer.Option(help="Periodic Δ whose AL the controller must match.")] = 128,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
@@ -350,7 +350,7 @@ def demo(
     size: Annotated[str, typer.Option(help="tiny (smoke test), small (default, ~15 min on 2 cores) or full.")] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice (recorded in demo.json).")] = 0,
 ) -> None:
     """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
     from rift_ada.calibrate.demo import DEMO_SIZES, run_demo
