@@ -8,6 +8,7 @@ machines (or GPUs) can fill one directory together.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -126,11 +127,36 @@ def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
     path = Path(spec)
     if path.suffix == ".json" and path.exists():
         loaded = Controller.load(path).to_dict()
+        _check_controller_settings(loaded, settings, path)
         return ClosedPolicy(loaded.get("name", path.stem), settings.cache_policy("rift-stat"), loaded)
     raise ValueError(
         f"unknown policy {spec!r}: use one of {', '.join(BASELINE_CACHE_POLICIES)}, stat, periodic:N, "
         "or a controller JSON file"
     )
+
+
+def _check_controller_settings(controller: dict[str, Any], settings: CollectSettings, path: Path) -> None:
+    """Refuse a controller calibrated for another cache, stride or temperature than this run's."""
+    wanted = settings.cache_json()
+    problems = [
+        f"cache.{key} is {controller['cache'][key]!r}, the run uses {wanted[key]!r}"
+        for key in ("budget", "sw_ratio", "obs_window")
+        if controller["cache"][key] != wanted[key]
+    ]
+    if controller["schedule"]["decision_stride"] != settings.decision_stride:
+        problems.append(
+            f"schedule.decision_stride is {controller['schedule']['decision_stride']}, "
+            f"the run uses {settings.decision_stride}"
+        )
+    if float(controller["temperature"]) != float(settings.temperature):
+        problems.append(f"temperature is {controller['temperature']}, the run uses {settings.temperature}")
+    if problems:
+        raise ValueError(f"{path}: controller does not match the run: " + "; ".join(problems))
+
+
+def request_seed(seed: int, request_id: str) -> int:
+    """A request's own seed: stable under resuming and sharding (unlike its position in a run)."""
+    return (seed * 1_000_003 + zlib.crc32(request_id.encode())) % (2**31)
 
 
 def _request_row(request: Request, isl: int, osl: int) -> dict[str, list[Any]]:
@@ -322,7 +348,7 @@ def collect_closed(
     by_id = _targets_by_id(targets)
     todo, n_mine = _todo(requests, by_id, shard, writer)
     tokens = 0
-    for request_index, request in enumerate(todo):
+    for request in todo:
         row = by_id[request.request_id]
         prompt_ids, response_ids = list(row["prompt_token_ids"]), list(row["response_token_ids"])
         rounds: dict[str, list[Any]] = {
@@ -349,7 +375,7 @@ def collect_closed(
                 target_model=target_model,
                 draft_length=settings.draft_length,
                 temperature=settings.temperature,
-                seed=settings.seed + request_index,
+                seed=request_seed(settings.seed, request.request_id),
                 refresh_hook=hook,
                 forced_tokens=response_ids,
             )

@@ -236,11 +236,15 @@ class _Part:
         return self.commit_path.parent / self.files[kind]["file"]
 
     def files_present(self) -> bool:
+        return self.damaged_file() is None
+
+    def damaged_file(self) -> Path | None:
+        """The first listed file that is missing or has the wrong size, else None."""
         for kind, info in self.files.items():
             path = self.path(kind)
             if not path.is_file() or path.stat().st_size != info.get("bytes", path.stat().st_size):
-                return False
-        return True
+                return path
+        return None
 
 
 def _load_parts(trace_dir: Path) -> list[_Part]:
@@ -443,11 +447,20 @@ class TraceWriter:
                 path.unlink(missing_ok=True)
 
     def completed_request_ids(self) -> set[str]:
-        """Ids of requests in committed parts whose files are all present (any shard)."""
+        """Ids of requests in committed parts (any shard).
+
+        A committed part with a missing or truncated file is refused rather than collected again
+        (that would commit its requests twice): the error names the file and the way out.
+        """
         completed: set[str] = set()
         for part in _load_parts(self.trace_dir):
-            if part.files_present():
-                completed.update(part.request_ids)
+            damaged = part.damaged_file()
+            if damaged is not None:
+                raise TraceError(
+                    f"{damaged}: missing or truncated file of committed part {part.part_id}; delete that part's "
+                    f"files and its commit record {part.commit_path.name} to collect its requests again"
+                )
+            completed.update(part.request_ids)
         return completed
 
     def write_requests(self, tables: Mapping[str, pa.Table | Mapping[str, Any]]) -> str | None:
