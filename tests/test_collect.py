@@ -243,6 +243,10 @@ def test_corrupt_part_is_named_and_the_named_remedy_resumes(tmp_path: Path):
     with pytest.raises(TraceError, match=rf"{strides.name}: corrupt part file"):
         read_tables(out, kinds=["strides"])
 
+    # Resuming over the damaged part is refused (collecting it again would commit it twice).
+    with pytest.raises(TraceError, match=rf"{positions.name}: missing or truncated file of committed part"):
+        collect_probe(model, requests, targets, out, SMALL)
+
     # The message says: delete the part's files and commit record, then resume.
     for broken in (positions, strides):
         part_id = broken.name.split(".")[0]
@@ -251,6 +255,26 @@ def test_corrupt_part_is_named_and_the_named_remedy_resumes(tmp_path: Path):
     summary = collect_probe(model, requests, targets, out, SMALL)
     assert (summary.skipped, summary.collected) == (1, 2)
     _assert_same_traces(read_probe_traces(out), original)
+
+
+def test_closed_loop_sampling_is_stable_under_resume_and_sharding(tmp_path: Path):
+    """At T = 1 a request's rounds depend on its own seed only, not on what ran before it."""
+    model, requests, targets = _small_job(3)
+    settings = CollectSettings(draft="tiny", target="tiny", temperature=1.0, budget=16, obs_window=4, draft_length=4)
+    straight = tmp_path / "straight"
+    collect_closed(model, requests, targets, straight, settings, ["stat"])
+    resumed = tmp_path / "resumed"
+    collect_closed(model, requests[2:], targets, resumed, settings, ["stat"])
+    summary = collect_closed(model, requests, targets, resumed, settings, ["stat"])
+    assert (summary.skipped, summary.collected) == (1, 2)
+    sharded = tmp_path / "sharded"
+    for shard in ("1/2", "0/2"):
+        collect_closed(model, requests, targets, sharded, settings, ["stat"], shard=shard)
+    expected = _columns(read_tables(straight, kinds=["rounds"])["rounds"])
+    for other in (resumed, sharded):
+        got = _columns(read_tables(other, kinds=["rounds"])["rounds"])
+        for column in ("request_id", "round", "accepted", "al"):
+            np.testing.assert_array_equal(got[column], expected[column])
 
 
 def test_second_collection_with_other_settings_is_refused(tmp_path: Path):
