@@ -50,7 +50,7 @@ class DemoSize:
     reference_interval: int = 32
     max_isl: int = 1100
     table_at: tuple[float, ...] = (0.0, 1.0)  # temperatures whose closed loop covers every baseline
-    repetition_penalty: float = 1.3
+    repetition_penalty: float = 1.0  # > 1 breaks greedy loops but moves targets off the draft's greedy path
     arm_ages: tuple[int, ...] = (0, 32, 64, 128, 256)
 
 
