@@ -58,7 +58,7 @@ DEMO_SIZES: dict[str, DemoSize] = {
     "tiny": DemoSize(
         n_requests=4, output_tokens=40, trials=16, temperatures=(0.0,), table_at=(0.0,), arm_ages=(0, 16, 32)
     ),
-    "small": DemoSize(n_requests=6, output_tokens=128, trials=120, table_at=(0.0,)),
+    "small": DemoSize(n_requests=6, output_tokens=112, trials=120, table_at=(0.0,)),
     "full": DemoSize(
         n_requests=24, output_tokens=512, trials=500, reference_interval=64, arm_ages=(0, 32, 64, 128, 256, 512)
     ),

@@ -314,7 +314,20 @@ def calibrate(
     from rift_ada.calibrate.export import export_controller
 
     export_controller(result.controller, controller_out)
-    console.print(result.summary_table() if hasattr(result, "summary_table") else result.summary)
+    confirmation = result.calibration["confirmation"]
+    table = Table(title=f"Confirmation split ({confirmation['n_requests']} requests, paired bootstrap 95% CI)")
+    for column in ("comparison", "baseline", "refresh reduction", "AL difference"):
+        table.add_column(column)
+    for comparison in confirmation["comparisons"]:
+        reduction, difference = comparison["refresh_reduction"], comparison["al_difference"]
+        table.add_row(
+            comparison["name"], comparison["baseline"],
+            "-" if not reduction else f"{100 * reduction['estimate']:.1f}% [{100 * (reduction['low'] or 0):.1f}, {100 * (reduction['high'] or 0):.1f}]",
+            f"{difference['estimate']:+.3f} [{difference['low'] or 0:+.3f}, {difference['high'] or 0:+.3f}]",
+        )
+    console.print(f"splits: {result.split_sizes}")
+    console.print(table)
+    console.print(confirmation["verdict"]["text"])
     console.print(f"controller: [bold]{controller_out}[/bold]   report: [bold]{out / 'report.md'}[/bold]")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import ARCHITECTURES, VOCAB, tiny_model
+from tiny_models import ARCHITECTURES, VOCAB, tiny_config, tiny_model
 from transformers import DynamicCache
 
 from rift_ada.budget import POLICY_NAMES, BudgetError, make_policy
@@ -150,20 +150,7 @@ def test_bad_input_errors_are_clear():
         make_policy("rift-stat", budget=32, obs_window=64)
     import transformers
 
-    config = transformers.NemotronHConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        mamba_num_heads=4,
-        mamba_head_dim=16,
-        ssm_state_size=16,
-        n_groups=1,
-        hybrid_override_pattern="M-M-",
-    )
+    config = tiny_config("nemotron_h", hybrid_override_pattern="M-M-")  # Mamba and MLP layers only
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(CacheError, match="no full-attention layers"):
         make_draft_cache(model, make_policy("rift-stat", budget=64, obs_window=8))

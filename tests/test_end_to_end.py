@@ -118,3 +118,18 @@ def test_show_and_evaluate_cli(tiny_model_dir, tmp_path):
     assert data["policies"][0]["fidelity"]["n_matched"] >= 1
     bad = runner.invoke(app, ["show", str(tmp_path / "eval.json")])
     assert bad.exit_code == 2 and "error" in bad.output
+
+
+def test_calibrate_cli_on_demo_traces(demo_dir, tiny_model_dir, tmp_path):
+    runner = CliRunner()
+    controller = tmp_path / "controller.json"
+    common = ["calibrate", "--model", str(tiny_model_dir), "--traces", str(demo_dir / "T0" / "probe")]
+    result = runner.invoke(
+        app, [*common, "--temp", "0", "--out", str(tmp_path / "run"), "--controller", str(controller), "--trials", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Confirmation split" in result.output and "splits:" in result.output
+    assert json.loads(controller.read_text())["calibration"]["study"]["trials"] == 8
+    assert (tmp_path / "run" / "report.md").exists()
+    refused = runner.invoke(app, [*common, "--temp", "1", "--out", str(tmp_path / "other")])
+    assert refused.exit_code == 2 and "temperature" in refused.output
