@@ -112,7 +112,8 @@ def _findings(summary: dict[str, Any]) -> list[str]:
                 + (
                     "Confirmed on the held-out split by the bootstrap."
                     if run["gain"]
-                    else "The bootstrap on the held-out split does **not** confirm a gain (verdict in the trade-off section above)."
+                    else "The bootstrap on the held-out split does **not** confirm a gain "
+                    "(verdict in the trade-off section above)."
                 )
             )
     return notes
