@@ -36,13 +36,19 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-def test_demo_pipeline_report_matches_json(tiny_model_dir, tmp_path):
-    out = tmp_path / "demo"
-    result = CliRunner().invoke(
-        app,
-        ["demo", "--model", str(tiny_model_dir), "--size", "tiny", "--out", str(out), "--dataset", "embedded:small"],
-    )
+@pytest.fixture(scope="module")
+def demo_dir(tiny_model_dir, tmp_path_factory):
+    """One tiny demo run through the CLI, shared by the tests below."""
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    arguments = ["demo", "--model", str(tiny_model_dir), "--size", "tiny", "--out", str(out)]
+    result = CliRunner().invoke(app, [*arguments, "--dataset", "embedded:small"])
     assert result.exit_code == 0, result.output
+    assert "report:" in result.output and "controller (T0)" in result.output
+    return out
+
+
+def test_demo_pipeline_report_matches_json(demo_dir):
+    out = demo_dir
     summary = json.loads((out / "demo.json").read_text())
     report = (out / "report.md").read_text()
     run = summary["runs"]["T0"]
@@ -73,26 +79,9 @@ def test_demo_pipeline_report_matches_json(tiny_model_dir, tmp_path):
     assert (out / "staleness_T0.png").stat().st_size > 1000
 
 
-def test_show_and_evaluate_cli(tiny_model_dir, tmp_path):
+def test_show_and_evaluate_cli(demo_dir, tmp_path):
     runner = CliRunner()
-    out = tmp_path / "demo"
-    assert (
-        runner.invoke(
-            app,
-            [
-                "demo",
-                "--model",
-                str(tiny_model_dir),
-                "--size",
-                "tiny",
-                "--out",
-                str(out),
-                "--dataset",
-                "embedded:small",
-            ],
-        ).exit_code
-        == 0
-    )
+    out = demo_dir
     controller = out / "T0" / "calibration" / "controller.json"
     shown = runner.invoke(app, ["show", str(controller)])
     assert shown.exit_code == 0 and "policy" in shown.output.lower()
