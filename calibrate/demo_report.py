@@ -34,6 +34,12 @@ def table1_rows(summary: dict[str, Any]) -> list[tuple[str, dict[str, dict[str, 
     return rows
 
 
+def _display(label: str, run: dict[str, Any]) -> str:
+    """Policy label for people: the calibrated controller shows as RIFT-ada."""
+    controller = _controller_row(run["closed"])
+    return f"RIFT-ada ({label})" if controller is not None and controller["policy"] == label else label
+
+
 def _fmt(value: Any, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -68,7 +74,7 @@ def plot_staleness(run: dict[str, Any], path: Path) -> None:
     for label, values in curves.items():
         xs = [bin_size * (index + 0.5) for index, v in enumerate(values) if v is not None]
         ys = [v for v in values if v is not None]
-        axis.plot(xs, ys, marker="o", label=label if len(label) < 30 else "RIFT-ada (calibrated)")
+        axis.plot(xs, ys, marker="o", label=_display(label, run))
     axis.set_xlabel("output position (tokens)")
     axis.set_ylabel("AL of rounds starting there")
     axis.set_title(f"Staleness curve, closed loop, T = {run['temperature']:g}")
@@ -188,8 +194,7 @@ def render_demo_markdown(summary: dict[str, Any]) -> str:
             "|---" * (n_bins + 1) + "|",
         ]
         for label, values in curves.items():
-            shown = label if len(label) < 30 else "RIFT-ada"
-            lines.append(f"| {shown} | " + " | ".join(_fmt(v, 2) for v in values) + " |")
+            lines.append(f"| {_display(label, run)} | " + " | ".join(_fmt(v, 2) for v in values) + " |")
         lines.append("")
     lines += [
         "## Replay fidelity",
@@ -203,7 +208,7 @@ def render_demo_markdown(summary: dict[str, Any]) -> str:
     for tag, run in summary["runs"].items():
         for fid in run["fidelity"]:
             lines.append(
-                f"| {tag} | {fid['policy'] if len(str(fid['policy'])) < 30 else 'RIFT-ada'} | {fid['n_matched']} | "
+                f"| {tag} | {_display(str(fid['policy']), run)} | {fid['n_matched']} | "
                 f"{_fmt(fid.get('replay_mean_al'))} | {_fmt(fid.get('closed_mean_al'))} | {_fmt(fid.get('al_gap'))} | "
                 f"{_fmt(fid.get('replay_refreshes_per_1k'), 1)} | {_fmt(fid.get('closed_refreshes_per_1k'), 1)} |"
             )
