@@ -114,10 +114,12 @@ def draft_step_ms(context: int, repeats: int = 15) -> float:
     times = []
     with torch.no_grad():
         model(input_ids=tokens, cache=cache, use_cache=True)
+        # One step first: the selection is made lazily at the first step after prefill.
+        model(input_ids=tokens[:, :1], position_ids=torch.tensor([[context]]), cache=cache, use_cache=True)
         state = cache.snapshot()
         for _ in range(repeats):
             start = time.perf_counter()
-            model(input_ids=tokens[:, :1], position_ids=torch.tensor([[context]]), cache=cache, use_cache=True)
+            model(input_ids=tokens[:, :1], position_ids=torch.tensor([[context + 1]]), cache=cache, use_cache=True)
             times.append(time.perf_counter() - start)
             cache.restore(state)
     return 1000 * float(np.median(times))
