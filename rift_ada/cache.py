@@ -183,36 +183,17 @@ class BudgetedLayer(DynamicLayer):
             return self.stored_keys(), self.values[:, :, : self.length]
         window_start = max(0, first - self.window + 1)
         selection = self.selection
+        prefix_limit = None
         if self._is_prefix():
             selection = self._prefix_selection(min(self.capacity, window_start))
             prefix_limit = torch.tensor([self.capacity], device=self.keys.device)
-        else:
-            prefix_limit = None
-        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
-        keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
-        values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
-        key_positions = torch.cat(
-            [
-                selection,
-                torch.arange(window_start, self.length, device=self.keys.device).expand(*selection.shape[:2], -1),
-            ],
-            -1,
+        key_positions = None
+        if self.policy.selection == "h2o":  # H2O credits attention to the positions it lands on
+            window_positions = torch.arange(window_start, self.length, device=self.keys.device)
+            key_positions = torch.cat([selection, window_positions.expand(*selection.shape[:2], -1)], -1)
+        return self._working_set(
+            selection, first, n_new, window_start, prefix_limit=prefix_limit, key_positions=key_positions
         )
-        set_pending(
-            self.layer_idx,
-            PendingAttention(
-                self,
-                first,
-                n_new,
-                full=False,
-                window=self.window,
-                window_start=window_start,
-                n_selected=selection.shape[-1],
-                prefix_limit=prefix_limit,
-                key_positions=key_positions,
-            ),
-        )
-        return keys, values
 
     def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
@@ -223,23 +204,33 @@ class BudgetedLayer(DynamicLayer):
             )
         self._append(key_states, value_states)
         window_start = max(0, first - self.window + 1)
-        index = self.arm_selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        return self._working_set(
+            self.arm_selection,
+            first,
+            n_new,
+            window_start,
+            selection_valid=self.arm_valid,
+            prefix_limit=self.arm_prefix_limit,
+        )
+
+    def _working_set(
+        self, selection: torch.Tensor, first: int, n_new: int, window_start: int, **mask_fields: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather [selection | window] keys and values, and leave the attention note describing them."""
+        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
         keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
         values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
-        set_pending(
-            self.layer_idx,
-            PendingAttention(
-                self,
-                first,
-                n_new,
-                full=False,
-                window=self.window,
-                window_start=window_start,
-                n_selected=self.arm_selection.shape[-1],
-                selection_valid=self.arm_valid,
-                prefix_limit=self.arm_prefix_limit,
-            ),
+        pending = PendingAttention(
+            self,
+            first,
+            n_new,
+            full=False,
+            window=self.window,
+            window_start=window_start,
+            n_selected=selection.shape[-1],
+            **mask_fields,
         )
+        set_pending(self.layer_idx, pending)
         return keys, values
 
     def expand_batch(self, repeats: int) -> None:
