@@ -1,5 +1,6 @@
 # Two commands matter: `make demo` and `make test`. Both set up .venv on a fresh machine.
 PYTHON ?= python3
+DEMO_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -23,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 demo: $(STAMP)
-	$(VENV)/bin/rift-ada demo
+	$(VENV)/bin/rift-ada demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
