@@ -462,7 +462,8 @@ def _group_evaluators(
 
 @dataclass
 class _LaneOutput:
-    starts: np.ndarray  # (iterations, L) round start positions (float at T > 0); OSL once finished
+    # Per compaction segment: (lane ids, round starts (k, m), round ends (k, m)); float at T > 0.
+    segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     final: np.ndarray  # (L,) final position
     refreshes: np.ndarray  # (L,)
     refresh_events: list[tuple[np.ndarray, np.ndarray]] | None
@@ -540,8 +541,7 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
 
     final = np.zeros(n_lanes)
     refreshes_out = np.zeros(n_lanes, dtype=np.int64)
-    segments: list[tuple[int, np.ndarray, list[np.ndarray]]] = []  # (first iteration, lane ids, starts)
-    segment_start = 0
+    segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     starts: list[np.ndarray] = []
     iteration = 0
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -636,8 +636,12 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
             finished = ~active
             final[s.ids[finished]] = s.pos[finished] if continuous else s.n[finished]
             refreshes_out[s.ids[finished]] = s.refreshes[finished]
-            segments.append((segment_start, s.ids, starts))
-            segment_start, starts = iteration, []
+            if starts:
+                after = (s.pos if continuous else s.n).astype(np.float64)
+                started = np.stack(starts).astype(np.float64)
+                ended = np.concatenate([started[1:], after[None]], axis=0)
+                segments.append((s.ids, started, ended))
+            starts = []
             if n_active == 0:
                 break
             s.keep(active)
@@ -645,11 +649,7 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
             for group in evaluators:
                 group[0].params.keep(active[group[1] : group[2]])
                 group[1], group[2] = int(bounds[group[1]]), int(bounds[group[2]])
-    full_starts = np.broadcast_to(tables.osl[lane_req].astype(np.float64), (iteration, n_lanes)).copy()
-    for first, ids, segment in segments:
-        if segment:
-            full_starts[first : first + len(segment), ids] = np.stack(segment)
-    return _LaneOutput(starts=full_starts, final=final, refreshes=refreshes_out, refresh_events=events)
+    return _LaneOutput(segments=segments, final=final, refreshes=refreshes_out, refresh_events=events)
 
 
 def _int_lanes(values: Sequence[int], n_requests: int) -> np.ndarray | int:
@@ -716,22 +716,22 @@ def _results(
     """Per-policy results from the lanes of one lockstep run (lanes are policy-major)."""
     n_req = len(tables.osl)
     n_lanes = len(labels) * n_req
-    osl = np.tile(tables.osl, len(labels))
-    starts = output.starts  # (iterations, lanes)
-    ends = np.concatenate([starts[1:], output.final[None, :]], axis=0)
-    active = starts < osl[None, :]
-    rounds = active.sum(axis=0).astype(np.int64)
+    osl = np.tile(tables.osl, len(labels)).astype(np.float64)
+    n_bins = max(1, -(-tables.n_positions // position_bin))
+    edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
+    rounds = np.zeros(n_lanes, dtype=np.int64)
+    sums = np.zeros(n_lanes * n_bins)
+    counts = np.zeros(n_lanes * n_bins, dtype=np.int64)
+    for ids, started, ended in output.segments:
+        active = started < osl[ids][None, :]
+        rounds[ids] += active.sum(axis=0)
+        lanes = np.broadcast_to(ids[None, :], started.shape)[active]
+        flat = lanes * n_bins + np.minimum(started[active].astype(np.int64) // position_bin, n_bins - 1)
+        sums += np.bincount(flat, weights=(ended - started)[active], minlength=n_lanes * n_bins)
+        counts += np.bincount(flat, minlength=n_lanes * n_bins)
     committed = np.rint(output.final).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         al = committed / rounds
-    n_bins = max(1, -(-tables.n_positions // position_bin))
-    edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
-    bins = np.minimum(starts[active].astype(np.int64) // position_bin, n_bins - 1)
-    flat = np.nonzero(active)[1] * n_bins + bins
-    lengths = (ends - starts)[active]
-    sums = np.bincount(flat, weights=lengths, minlength=n_lanes * n_bins)
-    counts = np.bincount(flat, minlength=n_lanes * n_bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
         al_by_position = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).reshape(n_lanes, n_bins)
     positions_by_lane: list[np.ndarray] | None = None
     if output.refresh_events is not None:
