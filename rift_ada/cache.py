@@ -449,24 +449,10 @@ class BudgetedCache(DynamicCache):
 
     def snapshot(self) -> list[Any]:
         """State to roll the cache back to (rejected draft tokens must leave the cache)."""
-        states: list[Any] = []
-        for layer in self.layers:
-            if isinstance(layer, BudgetedLayer):
-                states.append(layer.snapshot())
-            elif type(layer) is DynamicLayer:
-                states.append(layer.get_seq_length())
-            else:
-                states.append(copy.deepcopy(layer))
-        return states
+        return snapshot_cache(self)
 
     def restore(self, states: list[Any]) -> None:
-        for index, (layer, state) in enumerate(zip(self.layers, states, strict=True)):
-            if isinstance(layer, BudgetedLayer):
-                layer.restore(state)
-            elif isinstance(state, int):
-                layer.crop(state - layer.get_seq_length())
-            else:
-                self.layers[index] = copy.deepcopy(state)
+        restore_cache(self, states)
 
 
 def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCache:
@@ -475,15 +461,26 @@ def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCac
     return BudgetedCache(model, policy)
 
 
-def rollback_plain_cache(cache: DynamicCache, states: list[Any]) -> None:
-    """Restore a plain transformers cache from `snapshot_plain_cache`."""
+def snapshot_cache(cache: DynamicCache) -> list[Any]:
+    """Cheap rollback state per layer: a budgeted layer's own snapshot, a length for plain
+    full-attention layers (cropped back), a copy of anything else (recurrent, sliding-window)."""
+    states: list[Any] = []
+    for layer in cache.layers:
+        if isinstance(layer, BudgetedLayer):
+            states.append(layer.snapshot())
+        elif type(layer) is DynamicLayer:
+            states.append(layer.get_seq_length())
+        else:
+            states.append(copy.deepcopy(layer))
+    return states
+
+
+def restore_cache(cache: DynamicCache, states: list[Any]) -> None:
+    """Roll a cache back to a `snapshot_cache` state."""
     for index, (layer, state) in enumerate(zip(cache.layers, states, strict=True)):
-        if isinstance(state, int):
+        if isinstance(layer, BudgetedLayer):
+            layer.restore(state)
+        elif isinstance(state, int):
             layer.crop(state - layer.get_seq_length())
         else:
             cache.layers[index] = copy.deepcopy(state)
-
-
-def snapshot_plain_cache(cache: DynamicCache) -> list[Any]:
-    """Cheap rollback state for a plain cache: a length for full-attention layers, a copy otherwise."""
-    return [layer.get_seq_length() if type(layer) is DynamicLayer else copy.deepcopy(layer) for layer in cache.layers]

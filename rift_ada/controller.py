@@ -132,9 +132,7 @@ def _integer(value: Any, path: str, minimum: int | None = None) -> int:
         raise ControllerError(path, f"expected an integer, got {_describe(value)}")
     result = int(value)
     if abs(result) > MAX_INTEGER:
-        raise ControllerError(
-            path, f"integer out of range (|value| must be <= 2**53, got {_describe(value)})"
-        )
+        raise ControllerError(path, f"integer out of range (|value| must be <= 2**53, got {_describe(value)})")
     if minimum is not None and result < minimum:
         raise ControllerError(path, f"must be >= {minimum}, got {result}")
     return result
@@ -248,9 +246,7 @@ def _validate_gate_node(node: Any, path: str, depth: int) -> dict[str, Any]:
     op = node["op"]
     if not isinstance(op, str) or op not in OPERATORS:
         shown = op if isinstance(op, str) else _describe(op)
-        raise ControllerError(
-            _join(path, "op"), f"unknown operator {shown!r} (allowed: {' '.join(OPERATORS)})"
-        )
+        raise ControllerError(_join(path, "op"), f"unknown operator {shown!r} (allowed: {' '.join(OPERATORS)})")
     return {
         "signal": _signal(node["signal"], _join(path, "signal")),
         "op": op,
@@ -318,9 +314,7 @@ def validate_policy(value: Any) -> dict[str, Any]:
         raise ControllerError("policy.kind", "missing required field")
     kind = value["kind"]
     if not isinstance(kind, str) or kind not in POLICY_KINDS:
-        raise ControllerError(
-            "policy.kind", f"unknown policy kind {kind!r} (known: {', '.join(POLICY_KINDS)})"
-        )
+        raise ControllerError("policy.kind", f"unknown policy kind {kind!r} (known: {', '.join(POLICY_KINDS)})")
     if kind == "periodic":
         obj = _object(value, path, ("kind", "interval"))
         return {"kind": kind, "interval": _integer(obj["interval"], "policy.interval", 1)}

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rift_ada.budget import CachePolicy
-from rift_ada.cache import BudgetedCache, make_draft_cache, rollback_plain_cache, snapshot_plain_cache
+from rift_ada.cache import BudgetedCache, make_draft_cache, restore_cache, snapshot_cache
 
 
 @dataclass
@@ -162,7 +162,7 @@ def speculative_generate(
             drafted.append(token)
             feed = [token]
 
-        target_state = None if _croppable(target_cache) else snapshot_plain_cache(target_cache)
+        target_state = None if _croppable(target_cache) else snapshot_cache(target_cache)
         target_logits = _forward(target, pending + drafted, target_cache, cache_length)[len(pending) - 1 :]
         accepted, next_token = _verify(
             drafted, draft_dists, target_logits, temperature, generator, forced_tokens, len(output)
@@ -180,7 +180,7 @@ def speculative_generate(
             if surplus > 0:
                 target_cache.crop(-surplus)
         else:
-            rollback_plain_cache(target_cache, target_state)
+            restore_cache(target_cache, target_state)
             _forward(target, kept, target_cache, cache_length)
         _forward(draft_model, kept, draft_cache, cache_length)
         cache_length += len(kept)
