@@ -331,13 +331,26 @@ def collect_closed(
     shard: str | None = None,
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
+    free_running: bool = False,
 ) -> CollectionSummary:
-    """Run the real draft/verify loop, teacher-forced on the target responses, for every policy."""
+    """Run the real draft/verify loop for every policy.
+
+    Teacher-forced on the target responses by default. ``free_running`` (T > 0 ground truth)
+    runs real rejection sampling instead, as many output tokens as the target response has;
+    each policy then commits its own text, so only AL and refresh counts compare across policies.
+    """
+    if free_running and settings.temperature <= 0:
+        raise ValueError("free_running: needs temperature > 0 (at T = 0 teacher forcing is exact)")
     resolved = [resolve_closed_policy(spec, settings) for spec in policies]
     labels = [policy.label for policy in resolved]
     if len(set(labels)) != len(labels):
         raise ValueError(f"policies: duplicate labels {labels}")
-    extra = {"policies": labels, "controllers": {p.label: p.controller for p in resolved}, **(extra_manifest or {})}
+    extra = {
+        "policies": labels,
+        "controllers": {p.label: p.controller for p in resolved},
+        "free_running": free_running,
+        **(extra_manifest or {}),
+    }
     manifest = settings.manifest("closed", len(requests), **extra)
     writer = TraceWriter(out_dir, manifest, shard=shard)
     if writer.manifest.get("policies") != labels:
@@ -377,7 +390,8 @@ def collect_closed(
                 temperature=settings.temperature,
                 seed=request_seed(settings.seed, request.request_id),
                 refresh_hook=hook,
-                forced_tokens=response_ids,
+                forced_tokens=None if free_running else response_ids,
+                max_new_tokens=len(response_ids),
             )
             for record in result.rounds:
                 rounds["request_id"].append(request.request_id)
@@ -386,7 +400,7 @@ def collect_closed(
                 rounds["position"].append(record.position)
                 rounds["accepted"].append(record.accepted)
                 rounds["al"].append(record.al)
-                rounds["entropy_mean"].append(float(np.mean(record.draft_entropies)))
+                rounds["entropy_mean"].append(float(np.mean(record.committed_entropies)))
                 rounds["age"].append(record.age)
                 rounds["refreshed"].append(record.refreshed)
             for stride_row in hook.strides:

@@ -26,7 +26,7 @@ class ControllerRefresh:
         self._previous = 0
 
     def __call__(self, record: RoundRecord, n_committed: int, cache: BudgetedCache) -> bool:
-        self.session.record_round(record.al, record.draft_entropies)
+        self.session.record_round(record.al, record.committed_entropies)
         decision = n_committed // self.stride > self._previous // self.stride
         self._previous = n_committed
         if not decision:

@@ -34,13 +34,20 @@ class RoundRecord:
     index: int
     position: int  # output tokens committed before the round
     accepted: int  # drafted tokens accepted
-    draft_entropies: list[float]
+    draft_entropies: list[float]  # draft entropy of every drafted step, in order
     refreshed: bool = False  # the cache was refreshed after this round
     age: int = 0  # committed tokens since the last refresh, after this round
 
     @property
     def al(self) -> int:
         return self.accepted + 1
+
+    @property
+    def committed_entropies(self) -> list[float]:
+        """Entropies of the draft steps conditioned on committed text: the accepted drafts and the
+        first rejected one (steps drafted after a rejection saw the draft's own wrong tokens).
+        This is the ``entropy`` signal's input everywhere (docs/controller.md)."""
+        return self.draft_entropies[: self.accepted + 1]
 
 
 @dataclass
@@ -123,7 +130,8 @@ def speculative_generate(
     if draft_length < 1:
         raise ValueError(f"draft_length must be >= 1, got {draft_length}")
     target = target_model if target_model is not None else draft_model
-    generator = torch.Generator().manual_seed(seed)
+    device = next(draft_model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)  # multinomial needs it on the logits' device
     draft_cache = make_draft_cache(draft_model, policy)
     target_cache = DynamicCache(config=target.config)
     if refresh_hook is None and policy.refresh_interval is not None:
