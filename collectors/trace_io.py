@@ -219,6 +219,21 @@ def _manifest_differences(existing: Mapping[str, Any], new: Mapping[str, Any]) -
     return differences
 
 
+def targets_problems(manifest: Mapping[str, Any], target: str, temperature: float) -> list[str]:
+    """Why the manifest's ``targets`` (if recorded) were not made by ``target`` at ``temperature``."""
+    targets = manifest.get("targets")
+    if not isinstance(targets, Mapping):
+        return []
+    problems = []
+    model = targets.get("target_model")
+    if model is not None and str(model) not in (str(target), "external"):
+        problems.append(f"targets.target_model is {model!r} in the traces but {target!r} was requested")
+    have = targets.get("temperature")
+    if have is not None and float(have) != float(temperature):
+        problems.append(f"targets.temperature is {float(have)} in the traces but {float(temperature)} was requested")
+    return problems
+
+
 # --------------------------------------------------------------------------------------------
 # Atomic files and parts
 # --------------------------------------------------------------------------------------------
@@ -421,9 +436,16 @@ def _to_arrow(values: Any) -> pa.Array:
 
 
 def parse_shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
-    """``"i/N"`` or ``(i, N)`` (None means ``(0, 1)``), checked: N >= 1 and 0 <= i < N."""
+    """``"i/N"``, ``"auto"`` (from the launcher's environment) or ``(i, N)`` (None: ``(0, 1)``); checked."""
     if shard is None:
         return 0, 1
+    if isinstance(shard, str) and shard.strip().lower() == "auto":
+        from rift_ada.collectors.cluster import ShardEnvError, resolve_shard
+
+        try:
+            shard = str(resolve_shard(shard))
+        except ShardEnvError as error:
+            raise TraceError(str(error)) from None
     if isinstance(shard, str):
         match = re.fullmatch(r"\s*(-?\d+)\s*/\s*(-?\d+)\s*", shard)
         if not match:
@@ -1050,6 +1072,7 @@ __all__ = [
     "read_probe_traces",
     "read_tables",
     "shard_requests",
+    "targets_problems",
     "trace_status",
     "upgrade_layout",
     "validate_manifest",
