@@ -41,7 +41,8 @@ class WordIds:
 
 
 def _requests(n: int) -> list[Request]:
-    return [Request(f"r{i}", "d", "qa", "low", [{"role": "user", "content": f"question {'x' * i} {i}"}]) for i in range(n)]
+    messages = [[{"role": "user", "content": f"question {'x' * i} {i}"}] for i in range(n)]
+    return [Request(f"r{i}", "d", "qa", "low", messages[i]) for i in range(n)]
 
 
 def _pair(target_name: str = "tiny-target") -> LoadedPair:
