@@ -193,6 +193,25 @@ def test_partial_collection_is_refused_unless_allowed(tmp_path: Path):
     assert check_complete(out)["partial"] is False
 
 
+def test_evaluate_cli_refuses_a_partial_collection_unless_allowed(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from rift_ada.cli.app import app
+
+    traces = _traces()
+    out = tmp_path / "t"
+    write_probe_traces(out, traces.subset(range(6)), dict(traces.manifest, n_requests=8))
+    runner = CliRunner()
+    refused = runner.invoke(app, ["evaluate", "--traces", str(out), "--policy", "stat"])
+    text = " ".join(refused.output.split())  # rich wraps long lines
+    assert refused.exit_code != 0 and "partial collection: 6 of 8 requests committed" in text
+    assert "--allow-partial" in text
+    allowed = runner.invoke(app, ["evaluate", "--traces", str(out), "--policy", "stat", "--allow-partial"])
+    assert allowed.exit_code == 0, allowed.output
+    text = " ".join(allowed.output.split())
+    assert "partial collection: 6 of 8 requests committed" in text and "mean AL" in text
+
+
 def test_stray_files_are_ignored_by_name(tmp_path: Path):
     traces = _traces(4)
     out = tmp_path / "t"
