@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_end_to_end
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
@@ -19,6 +20,7 @@ from rift_ada.collectors.ray_launcher import plan_shards
 from rift_ada.collectors.trace_io import TraceError, parse_shard, read_tables, trace_status
 
 TESTS_DIR = Path(__file__).resolve().parent
+tiny_model_dir = test_end_to_end.tiny_model_dir  # the tiny local model directory fixture
 LAUNCHER_VARS = (
     "RIFT_ADA_SHARD", "RIFT_ADA_NUM_SHARDS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
     "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE",
@@ -210,3 +212,39 @@ def test_ray_launcher_on_a_local_ray_instance(job: Path, single: Path, tmp_path:
     assert [report["shard"] for report in reports] == ["0/2", "1/2"]
     _assert_same_trace_set(out, single)
     assert elapsed < 120
+
+
+def test_cli_sharded_targets_then_sharded_collect(tiny_model_dir, tmp_path: Path, monkeypatch):
+    """targets --shard (resumable, merged by the last shard) then collect --shard auto, through the CLI."""
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+    common = ["--model", str(tiny_model_dir), "--dataset", "embedded:small", "--limit", "3", "--max-new-tokens", "6"]
+    one_shot, sharded = tmp_path / "one.parquet", tmp_path / "sharded.parquet"
+    result = runner.invoke(app, ["targets", *common, "--out", str(one_shot)])
+    assert result.exit_code == 0, result.output
+    first = runner.invoke(app, ["targets", *common, "--out", str(sharded), "--shard", "1/2"])
+    assert first.exit_code == 0 and "other shards are not finished" in first.output and not sharded.exists()
+    last = runner.invoke(app, ["targets", *common, "--out", str(sharded)], env={"SLURM_ARRAY_TASK_ID": "0",
+                         "SLURM_ARRAY_TASK_COUNT": "2"})  # fmt: skip
+    assert last.exit_code == 0, last.output
+    from rift_ada.collectors.targets_io import read_targets, targets_sha256
+
+    assert read_targets(sharded) == read_targets(one_shot)
+
+    traces = tmp_path / "probe"
+    probe = ["collect", *common, "--targets", str(sharded), "--out", str(traces), "--arm-ages", "0,16"]
+    for index in (1, 0):
+        env = {"JOB_COMPLETION_INDEX": str(index), "RIFT_ADA_NUM_SHARDS": "2"}
+        result = runner.invoke(app, [*probe, "--shard", "auto"], env=env)
+        assert result.exit_code == 0, result.output
+    info = trace_status(traces)
+    assert [(row["shard"], row["committed"]) for row in info["shards"]] == [("0/2", 2), ("1/2", 1)]
+    manifest = json.loads((traces / "manifest.json").read_text())
+    assert manifest["targets"]["sha256"] == targets_sha256(sharded) and manifest["targets"]["max_new_tokens"] == 6
+    # Another token cap is refused before anything is written; the targets file is unchanged.
+    before = targets_sha256(sharded)
+    other = [arg if arg != "6" else "8" for arg in probe]
+    refused = runner.invoke(app, [*other, "--shard", "0/2"])
+    assert refused.exit_code != 0 and "max_new_tokens: file 6 != run 8" in " ".join(refused.output.split())
+    assert targets_sha256(sharded) == before
