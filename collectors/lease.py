@@ -16,8 +16,12 @@ import fcntl
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import IO, Any
+
+_ATTEMPTS = 40  # x _RETRY_S: how long an unrecorded holder (a reader, a starting writer) is waited for
+_RETRY_S = 0.05
 
 
 class LeaseHeldError(RuntimeError):
@@ -69,15 +73,22 @@ class ShardLease:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.lock"
         handle = open(path, "a+b")  # noqa: SIM115 - the handle lives as long as the lease
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(handle)
-            handle.close()
-            raise LeaseHeldError(
-                f"{path}: shard {name} is already being written by {describe_holder(holder)}; "
-                "wait for that writer to finish (or stop it) - one writer per shard"
-            ) from None
+        for attempt in range(_ATTEMPTS):
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _read_holder(handle)
+                # No holder recorded: a reader (`rift-ada status`) holds it for a moment, or a
+                # writer is starting; look again before refusing.
+                if holder is None and attempt + 1 < _ATTEMPTS:
+                    time.sleep(_RETRY_S)
+                    continue
+                handle.close()
+                raise LeaseHeldError(
+                    f"{path}: shard {name} is already being written by {describe_holder(holder)}; "
+                    "wait for that writer to finish (or stop it) - one writer per shard"
+                ) from None
         took_over = _read_holder(handle)
         holder = {
             "host": socket.gethostname(),

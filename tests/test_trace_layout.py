@@ -279,3 +279,19 @@ def test_lease_is_released_when_writer_init_fails(tmp_path: Path):
     os.remove(path)
     with pytest.raises(TraceError, match="missing or truncated"):  # not "already being written"
         TraceWriter(out, read_manifest(out))
+
+
+def test_a_status_reader_does_not_make_a_writer_fail(tmp_path: Path):
+    import fcntl
+    import threading
+
+    out = tmp_path / "t"
+    write_probe_traces(out, _traces(2))
+    lease_path = out / "_leases" / "s0of1.lock"
+    handle = open(lease_path, "a+b")  # noqa: SIM115 - released by the timer below
+    fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # what `rift-ada status` takes briefly
+    timer = threading.Timer(0.3, handle.close)
+    timer.start()
+    with TraceWriter(out, read_manifest(out)) as writer:  # waits for the reader instead of failing
+        assert writer.took_over is None
+    timer.join()
