@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rift_ada.collectors.lease import LeaseHeldError, ShardLease, read_lease
+from rift_ada.collectors.lease import LeaseHeldError, ShardLease, describe_holder, read_lease
 from rift_ada.collectors.probe_traces import REQUEST_COLUMNS, ProbeTraces, arm_age
 
 FORMAT = "rift-ada.traces"
@@ -327,7 +327,8 @@ def _parse_commit(commit_path: Path, part_id: str, layout: int) -> _Part:
         files = {str(kind): dict(info) for kind, info in record["files"].items()}
         request_ids = tuple(str(request_id) for request_id in record["request_ids"])
         for kind, info in files.items():
-            if not _KIND_PATTERN.match(kind) or not isinstance(info.get("file"), str):
+            name = info.get("file")
+            if not _KIND_PATTERN.match(kind) or not isinstance(name, str) or (layout == 1 and "/" in name):
                 raise ValueError(f"bad file entry for kind {kind!r}")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as error:
         raise TraceError(f"{commit_path}: corrupt commit record ({type(error).__name__}: {error})") from error
@@ -550,6 +551,7 @@ class TraceWriter:
         except LeaseHeldError as error:
             raise TraceError(str(error)) from None
         try:
+            self._refuse_other_shard_counts()
             self.took_over = self._lease.took_over
             parts = _load_parts(self.trace_dir)
             _roll_forward(self.trace_dir, parts)
@@ -575,6 +577,20 @@ class TraceWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _refuse_other_shard_counts(self) -> None:
+        """Live writers with another shard count N would collect overlapping requests: refuse."""
+        for path in sorted((self.trace_dir / LEASES_DIR).glob("s*of*.lock")):
+            match = re.fullmatch(r"s(\d+)of(\d+)", path.stem)
+            if match is None or int(match.group(2)) == self.shard[1]:
+                continue
+            lease = read_lease(path)
+            if lease["held"]:
+                raise TraceError(
+                    f"{path}: shard {path.stem} is being written now ({describe_holder(lease['holder'])}) with "
+                    f"{match.group(2)} shards, this writer uses {self.shard[1]}: concurrent writers of one "
+                    "directory must use the same shard count (their requests would overlap)"
+                )
 
     def _last_sequence(self) -> int:
         tag = f"{self.shard_tag}-"

@@ -147,6 +147,9 @@ def test_second_writer_of_a_shard_is_refused_and_a_dead_holder_is_taken_over(tmp
             pass
         writers = {row["shard"]: row["writer"] for row in trace_status(out)["shards"]}
         assert writers["0/2"]["pid"] == holder.pid
+        # A writer with another shard count would overlap the live one's requests.
+        with pytest.raises(TraceError, match=r"s0of2 is being written now .* with 2 shards, this writer uses 3"):
+            TraceWriter(out, read_manifest(out), shard="1/3")
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
