@@ -166,12 +166,22 @@ def test_two_shard_processes_via_shard_auto_equal_one_unsharded_run(job: Path, s
     _assert_same_trace_set(sharded, single)
 
 
-def test_status_command_shows_per_shard_progress(job: Path, tmp_path: Path):
+def test_status_command_shows_per_shard_progress(job: Path, tmp_path: Path, monkeypatch):
+    import runpy
+
+    import torch
+
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")  # torchrun
+    monkeypatch.setenv("WORLD_SIZE", "3")
     out = tmp_path / "t"
-    command = [sys.executable, str(job), "collect", str(out), "--shard", "auto"]
-    env = _clean_env(RANK="1", WORLD_SIZE="3")  # torchrun
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    threads = torch.get_num_threads()
+    try:
+        summary = runpy.run_path(str(job), run_name="collect_job")["main"](out, "auto")
+    finally:
+        torch.set_num_threads(threads)
+    assert (summary.n_requests, summary.collected) == (2, 2)
     runner = CliRunner()
     as_json = runner.invoke(app, ["status", str(out), "--json"])
     assert as_json.exit_code == 0, as_json.output
