@@ -44,6 +44,7 @@ from rift_ada.calibrate.study import (
     study_points,
 )
 from rift_ada.collectors.probe_traces import ProbeTraces
+from rift_ada.collectors.trace_io import targets_problems
 from rift_ada.policies.space import FAMILIES, SearchSpace
 
 SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
@@ -119,6 +120,7 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         problems.append("manifest has no 'temperature'")
     elif not math.isclose(float(have_t), float(temperature), rel_tol=0.0, abs_tol=1e-9):
         problems.append(f"temperature is {float(have_t)} in the traces but {float(temperature)} was requested")
+    problems += targets_problems(manifest, model_target, temperature)
     if problems:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
 

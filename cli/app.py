@@ -101,11 +101,23 @@ def targets(
     limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
     import_file: Annotated[Path | None, typer.Option("--import", help="Import responses (JSONL/Parquet).")] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    shard: Annotated[
+        str | None, typer.Option(help="i/N or auto (SLURM/Kubernetes/torchrun env): this shard's responses only.")
+    ] = None,
+    extend_targets: Annotated[
+        bool, typer.Option(help="Add responses missing from an existing --out file (never changes its rows).")
+    ] = False,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
+    from rift_ada.collectors.cluster import resolve_shard
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
     try:
+        shard = resolve_shard(shard)
+        if shard is not None:
+            from rift_ada.collectors.trace_io import parse_shard
+
+            parse_shard(shard)
         pair = load_pair(model, device=device)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         if import_file is not None:
@@ -115,6 +127,29 @@ def targets(
                 import_file, pair.tokenizer, requests, target_model=pair.preset.target_name, temperature=temp, seed=seed
             )
             write_targets(out, rows, {"target_model": pair.preset.target_name, "temperature": temp, "seed": seed})
+        elif shard is not None and not out.exists():
+            from rift_ada.collectors.targets_store import generate_targets_resumable
+
+            with _progress() as progress:
+                task = progress.add_task(f"targets {shard}", total=None, rate="")
+                done = generate_targets_resumable(
+                    pair.target_for_generation,
+                    pair.tokenizer,
+                    requests,
+                    out,
+                    target_name=pair.preset.target_name,
+                    temperature=temp,
+                    seed=seed,
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens,
+                    shard=shard,
+                    on_request=_TokenRate(progress, task),
+                )
+            console.print(f"shard {shard}: {done.generated} responses generated, {done.skipped} already there")
+            if not done.complete:
+                console.print("other shards are not finished: the last one to finish writes the targets file")
+                return
+            rows = done.rows or []
         else:
             with _progress() as progress:
                 task = progress.add_task("targets", total=len(requests), rate="")
@@ -126,6 +161,7 @@ def targets(
                     seed=seed,
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
+                    extend=extend_targets,
                     on_request=_TokenRate(progress, task),
                 )
     except (ValueError, OSError) as error:
@@ -155,14 +191,24 @@ def collect(
     seed: Annotated[int, typer.Option(help="Seed of sampling and target generation.")] = 0,
     limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Cap on generated target tokens.")] = 512,
-    shard: Annotated[str | None, typer.Option(help="i/N: collect a deterministic part of the requests.")] = None,
+    shard: Annotated[
+        str | None, typer.Option(help="i/N, or auto (SLURM array, Kubernetes Indexed Job, torchrun/Ray env).")
+    ] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    extend_targets: Annotated[
+        bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
+    ] = False,
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
+    from rift_ada.collectors.cluster import resolve_shard
     from rift_ada.collectors.collect import CollectSettings
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
+    from rift_ada.collectors.targets_io import targets_provenance
+    from rift_ada.collectors.trace_io import parse_shard
 
     try:
+        shard = resolve_shard(shard)
+        parse_shard(shard)
         pair = load_pair(model, device=device)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         settings = CollectSettings(
@@ -186,6 +232,8 @@ def collect(
                 temperature=temp,
                 seed=seed,
                 max_new_tokens=max_new_tokens,
+                extend=extend_targets,
+                shard=shard,
                 on_request=_TokenRate(progress, task),
             )
             progress.update(task, completed=len(requests))
@@ -200,6 +248,7 @@ def collect(
                 policies=policy or [],
                 shard=shard,
                 on_request=_TokenRate(progress, task),
+                extra_manifest={"targets": targets_provenance(targets_path)},
             )
     except (ValueError, OSError) as error:
         _fail(error)
@@ -219,11 +268,18 @@ def evaluate(
         Path | None, typer.Option(help="Closed-loop run directory: print replay-vs-closed fidelity.")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    allow_partial: Annotated[
+        bool, typer.Option(help="Use a collection with fewer committed requests than its manifest lists.")
+    ] = False,
 ) -> None:
     """Replay policies on probe traces (and compare with a closed-loop run of the same policies)."""
     from rift_ada.calibrate.evaluation import evaluate_run
+    from rift_ada.collectors.trace_io import check_complete
 
     try:
+        for trace_dir in (traces, closed):
+            if trace_dir is not None:
+                _report_partial(check_complete(trace_dir, allow_partial=allow_partial), trace_dir)
         results = evaluate_run(traces, policy or ["stat", "periodic:128", "full"], closed_dir=closed)
     except (ValueError, OSError) as error:
         _fail(error)
@@ -249,6 +305,14 @@ def evaluate(
         console.print(f"wrote {out}")
 
 
+def _report_partial(status: dict[str, Any], trace_dir: Path) -> None:
+    if status.get("partial"):
+        console.print(
+            f"[yellow]partial collection:[/yellow] {status['n_requests_committed']} of "
+            f"{status['n_requests_expected']} requests committed in {trace_dir}"
+        )
+
+
 def _num(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -272,11 +336,14 @@ def calibrate(
     workers: Annotated[int, typer.Option(help="Worker processes filling the study.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of splits, sampler and bootstrap.")] = 0,
     reference_interval: Annotated[int, typer.Option(help="Periodic Δ whose AL the controller must match.")] = 128,
+    allow_partial: Annotated[
+        bool, typer.Option(help="Use a collection with fewer committed requests than its manifest lists.")
+    ] = False,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     from rift_ada.calibrate.pipeline import calibrate as run_calibration
     from rift_ada.calibrate.pipeline import check_traces_match
-    from rift_ada.collectors.trace_io import manifest_hash, read_probe_traces
+    from rift_ada.collectors.trace_io import check_complete, manifest_hash, read_probe_traces
     from rift_ada.models import resolve_preset
 
     name = f"{model}-T{temp:g}"
@@ -285,6 +352,7 @@ def calibrate(
     controller_out = controller_out or Path("controllers") / f"{name}.json"
     try:
         preset = resolve_preset(model)
+        _report_partial(check_complete(traces, allow_partial=allow_partial), traces)
         probe = read_probe_traces(traces)
         check_traces_match(probe.manifest, preset.draft, preset.target_name, temp)
         with _progress() as progress:
@@ -386,6 +454,13 @@ def demo(
     console.print(f"report: [bold]{summary['report']}[/bold]")
     for label, path in summary["controllers"].items():
         console.print(f"controller ({label}): [bold]{path}[/bold]")
+
+
+from rift_ada.cli import ray_launch as _ray_launch_cli  # noqa: E402
+from rift_ada.cli import status as _status_cli  # noqa: E402
+
+_status_cli.register(app)
+_ray_launch_cli.register(app)
 
 
 def main() -> None:

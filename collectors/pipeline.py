@@ -12,10 +12,11 @@ from rift_ada.collectors.collect import (
     CollectSettings,
     collect_closed,
     collect_probe,
-    generate_targets,
 )
 from rift_ada.collectors.datasets import Request, load_dataset
-from rift_ada.collectors.targets_io import read_targets
+from rift_ada.collectors.targets_io import TargetsError, read_targets, targets_differences
+from rift_ada.collectors.targets_store import generate_targets_resumable
+from rift_ada.collectors.trace_io import parse_shard
 from rift_ada.models import Preset, load_model, resolve_preset
 
 
@@ -73,30 +74,67 @@ def ensure_targets(
     max_new_tokens: int,
     min_new_tokens: int = 0,
     repetition_penalty: float = 1.0,
+    extend: bool = False,
+    shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Target responses for ``requests``: read from ``path`` when it covers them, else generated there."""
+    """Target responses for ``requests`` (in request order): read from ``path``, or generated there when absent.
+
+    An existing file is an input and is never overwritten: one whose model, temperature, seed
+    (T > 0) or token cap differs from the run is refused with every difference listed; one that
+    lacks responses for some requests is refused unless ``extend``, which generates only the
+    missing ones and appends them (existing rows unchanged). A sharded run (N > 1) needs a
+    complete file made beforehand (``rift-ada targets --shard``), so shards never race on it.
+    """
     path = Path(path)
-    wanted = {request.request_id for request in requests}
+    wanted = [request.request_id for request in requests]
+    generate = {
+        "target_name": pair.preset.target_name,
+        "temperature": temperature,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": min_new_tokens,
+        "repetition_penalty": repetition_penalty,
+        "on_request": on_request,
+        "on_token": on_token,
+    }
+    sharded = parse_shard(shard)[1] > 1
+    keep: list[dict[str, Any]] = []
     if path.exists():
-        rows = read_targets(path)
-        if wanted <= {row["request_id"] for row in rows}:
-            return [row for row in rows if row["request_id"] in wanted]
-    return generate_targets(
-        pair.target_for_generation,
-        pair.tokenizer,
-        requests,
-        path,
-        target_name=pair.preset.target_name,
-        temperature=temperature,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens,
-        repetition_penalty=repetition_penalty,
-        on_request=on_request,
-        on_token=on_token,
-    )
+        differences, missing = targets_differences(
+            path,
+            target_model=pair.preset.target_name,
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            request_ids=wanted,
+        )
+        if missing and not extend:
+            more = " ..." if len(missing) > 5 else ""
+            differences.append(
+                f"no response for {len(missing)} request(s) {missing[:5]}{more} (pass --extend-targets to add them)"
+            )
+        if differences:
+            raise TargetsError(
+                f"{path}: targets file does not match this run: {'; '.join(differences)}. The file is left "
+                "unchanged: give another --targets path, or run with the file's settings"
+            )
+        keep = read_targets(path)
+        if not missing:
+            by_id = {row["request_id"]: row for row in keep}
+            return [by_id[request_id] for request_id in wanted]
+    if sharded:
+        raise TargetsError(
+            f"{path}: a sharded collection needs a complete targets file made beforehand, so shards do not race "
+            f"on it: run `rift-ada targets --shard i/N --out {path}` (same model, dataset, temperature, seed and "
+            "--max-new-tokens) on every shard first"
+        )
+    model = pair.target_for_generation
+    progress = generate_targets_resumable(model, pair.tokenizer, requests, path, keep=keep, **generate)
+    assert progress.rows is not None  # one unsharded process generates every missing response
+    by_id = {row["request_id"]: row for row in progress.rows}
+    return [by_id[request_id] for request_id in wanted]
 
 
 def run_collection(
@@ -110,8 +148,14 @@ def run_collection(
     policies: Sequence[str] = (),
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> CollectionSummary:
-    """Probe or closed-loop collection of ``requests`` into ``out_dir``."""
+    """Probe or closed-loop collection of ``requests`` into ``out_dir``.
+
+    The manifest also records the run's sorted ``request_ids`` (for per-shard progress and the
+    partial-collection check) and ``extra_manifest`` (e.g. ``targets`` provenance).
+    """
+    extra = {"request_ids": sorted(request.request_id for request in requests), **(extra_manifest or {})}
     if mode == "probe":
         return collect_probe(
             pair.draft,
@@ -122,6 +166,7 @@ def run_collection(
             target_model=pair.target,
             shard=shard,
             on_request=on_request,
+            extra_manifest=extra,
         )
     if mode == "closed":
         if not policies:
@@ -136,5 +181,6 @@ def run_collection(
             target_model=pair.target,
             shard=shard,
             on_request=on_request,
+            extra_manifest=extra,
         )
     raise ValueError(f"mode must be 'probe' or 'closed', got {mode!r}")

@@ -9,6 +9,7 @@ Generation settings and provenance live as JSON in the Parquet schema metadata
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import uuid
@@ -171,6 +172,65 @@ def read_targets_meta(path: str | Path) -> dict[str, Any]:
         raise TargetsError(f"{path}: corrupt targets metadata ({error})") from error
 
 
+def targets_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a targets file's bytes: its identity in trace manifests."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _settings_of(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """target_model / temperature / seed / max_new_tokens of a targets file: its metadata, else its rows."""
+    meta = read_targets_meta(path)
+    settings = {name: meta.get(name) for name in ("target_model", "temperature", "seed", "max_new_tokens")}
+    for name in ("target_model", "temperature"):
+        values = {row[name] for row in rows if row.get(name) is not None}
+        if settings[name] is None and len(values) == 1:
+            settings[name] = values.pop()
+    return settings
+
+
+def targets_provenance(path: str | Path) -> dict[str, Any]:
+    """What a trace manifest records about its targets: path, sha256, model, temperature, seed, cap, count."""
+    path = Path(path)
+    rows = read_targets(path)
+    return {"path": str(path), "sha256": targets_sha256(path), "n_responses": len(rows), **_settings_of(path, rows)}
+
+
+def targets_differences(
+    path: str | Path,
+    *,
+    target_model: str,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    request_ids: Iterable[str],
+) -> tuple[list[str], list[str]]:
+    """(settings that differ from the run, request ids the file lacks) for an existing targets file.
+
+    Compared: ``target_model`` (``external`` imports match any model), ``temperature``, ``seed``
+    (only when T > 0: greedy responses do not depend on it) and ``max_new_tokens`` (when the file
+    records it). Extra responses in the file are fine: a run uses the ones it needs.
+    """
+    path = Path(path)
+    rows = read_targets(path)
+    have = _settings_of(path, rows)
+    differences = []
+    if have["target_model"] not in (target_model, "external"):
+        differences.append(f"target_model: file {have['target_model']!r} != run {target_model!r}")
+    if have["temperature"] is None or float(have["temperature"]) != float(temperature):
+        differences.append(f"temperature: file {have['temperature']} != run {float(temperature)}")
+    if float(temperature) > 0 and have["seed"] is not None and int(have["seed"]) != int(seed):
+        differences.append(f"seed: file {have['seed']} != run {seed}")
+    if have["max_new_tokens"] is not None and int(have["max_new_tokens"]) != int(max_new_tokens):
+        differences.append(f"max_new_tokens: file {have['max_new_tokens']} != run {max_new_tokens}")
+    present = {row["request_id"] for row in rows}
+    missing = [request_id for request_id in request_ids if request_id not in present]
+    return differences, missing
+
+
 def _first(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str | None, Any]:
     for name in names:
         if record.get(name) is not None:
@@ -257,5 +317,8 @@ __all__ = [
     "read_targets",
     "read_targets_meta",
     "target_row",
+    "targets_differences",
+    "targets_provenance",
+    "targets_sha256",
     "write_targets",
 ]

@@ -4,17 +4,18 @@
 
     TRACE_DIR/
       manifest.json                          identity and provenance of the collection
-      parts/
-        s0of1-000001-1a2b3c4d5e6f.requests.parquet
-        s0of1-000001-1a2b3c4d5e6f.positions.parquet
-        s0of1-000001-1a2b3c4d5e6f.strides.parquet
-        s0of1-000001-1a2b3c4d5e6f.commit.json   written last: the part counts only once it exists
+      requests/s0of1-000001-1a2b3c4d5e6f.parquet
+      positions/s0of1-000001-1a2b3c4d5e6f.parquet     one folder per table kind: plain tools read
+      strides/s0of1-000001-1a2b3c4d5e6f.parquet       ``TRACE_DIR/<kind>/*.parquet``
+      _commits/s0of1-000001-1a2b3c4d5e6f.json         commit record: request ids, files, sha256
+      _staging/                                       files being written (never read as data)
+      _leases/s0of1.lock                              one writer per shard (flock + holder)
 
-A *part* holds every table kind for one batch of complete requests. Each file is written to a
-temporary name and renamed; the commit record (file names, row counts, sha256) is written last,
-so a part killed between renames has no commit record and is ignored (and removed when its shard
-resumes). Several shard writers may write into one directory at once: part ids carry the shard,
-a sequence number and a random suffix.
+A *part* holds every table kind for one batch of complete requests. Its files are written into
+``_staging/``, then the commit record is written (the commit point), then each file is renamed
+into its kind's folder. So every file a plain tool sees in ``<kind>/`` belongs to a committed
+part; a writer killed before the commit leaves only staged files (removed when its shard
+resumes); one killed after the commit is rolled forward by the next writer of any shard.
 """
 
 from __future__ import annotations
@@ -37,13 +38,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rift_ada.collectors.lease import LeaseHeldError, ShardLease, describe_holder, read_lease
 from rift_ada.collectors.probe_traces import REQUEST_COLUMNS, ProbeTraces, arm_age
 
 FORMAT = "rift-ada.traces"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)  # 1: every file in one parts/ folder (read-only)
 MODES: tuple[str, ...] = ("probe", "closed")
 MANIFEST_NAME = "manifest.json"
-PARTS_DIR = "parts"
+PARTS_DIR = "parts"  # version-1 layout
+COMMITS_DIR = "_commits"
+STAGING_DIR = "_staging"
+LEASES_DIR = "_leases"
+PARQUET_META_KEY = b"rift_ada.traces"
+TARGETS_IDENTITY: tuple[str, ...] = ("sha256", "target_model", "temperature", "seed", "max_new_tokens")
 IDENTITY_FIELDS: tuple[str, ...] = (
     "format", "version", "mode", "draft", "target", "temperature", "draft_length", "cache",
     "decision_stride", "arms", "dataset", "seed",
@@ -79,8 +87,11 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "rounds": ("round",),
 }
 _KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
-_PART_PATTERN = re.compile(r"^(?P<part>s\d+of\d+-\d{6}-[0-9a-f]{12})\.(?P<kind>[a-z][a-z0-9_]*)\.parquet$")
-_COMMIT_SUFFIX = ".commit.json"
+_PART_ID = r"s\d+of\d+-\d{6}-[0-9a-f]{12}"
+_PART_ID_PREFIX = re.compile(rf"^(?P<part>{_PART_ID})\.")
+_COMMIT_PATTERN = re.compile(rf"^(?P<part>{_PART_ID})\.json$")
+_V1_COMMIT_PATTERN = re.compile(rf"^(?P<part>{_PART_ID})\.commit\.json$")
+_PUBLISHED_PATTERN = re.compile(rf"^(?P<part>{_PART_ID})\.parquet$")
 
 RequestLike = TypeVar("RequestLike")
 
@@ -155,8 +166,10 @@ def validate_manifest(manifest: Mapping[str, Any], where: str = "manifest") -> N
         raise TraceError(f"{where}: expected a JSON object")
     if manifest.get("format") != FORMAT:
         raise TraceError(f"{where}: field 'format' is {manifest.get('format')!r}, expected {FORMAT!r}")
-    if manifest.get("version") != VERSION:
-        raise TraceError(f"{where}: field 'version' is {manifest.get('version')!r}, expected {VERSION}")
+    if manifest.get("version") not in READABLE_VERSIONS:
+        raise TraceError(
+            f"{where}: field 'version' is {manifest.get('version')!r}, expected one of {list(READABLE_VERSIONS)}"
+        )
     mode = manifest.get("mode")
     if mode not in MODES:
         raise TraceError(f"{where}: field 'mode' is {mode!r}, expected one of {list(MODES)}")
@@ -197,7 +210,28 @@ def _manifest_differences(existing: Mapping[str, Any], new: Mapping[str, Any]) -
         old_value, new_value = existing.get(name), new.get(name)
         if old_value != new_value:
             differences.append(f"{name}: existing {json.dumps(old_value)} != new {json.dumps(new_value)}")
+    old_targets, new_targets = existing.get("targets"), new.get("targets")
+    if isinstance(old_targets, Mapping) and isinstance(new_targets, Mapping):
+        for name in TARGETS_IDENTITY:
+            old_value, new_value = old_targets.get(name), new_targets.get(name)
+            if old_value != new_value:
+                differences.append(f"targets.{name}: existing {json.dumps(old_value)} != new {json.dumps(new_value)}")
     return differences
+
+
+def targets_problems(manifest: Mapping[str, Any], target: str, temperature: float) -> list[str]:
+    """Why the manifest's ``targets`` (if recorded) were not made by ``target`` at ``temperature``."""
+    targets = manifest.get("targets")
+    if not isinstance(targets, Mapping):
+        return []
+    problems = []
+    model = targets.get("target_model")
+    if model is not None and str(model) not in (str(target), "external"):
+        problems.append(f"targets.target_model is {model!r} in the traces but {target!r} was requested")
+    have = targets.get("temperature")
+    if have is not None and float(have) != float(temperature):
+        problems.append(f"targets.temperature is {float(have)} in the traces but {float(temperature)} was requested")
+    return problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,6 +257,14 @@ def _json_bytes(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
 
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class _Part:
     """One committed part: its commit record and the files it lists."""
@@ -231,50 +273,105 @@ class _Part:
     commit_path: Path
     request_ids: tuple[str, ...]
     files: dict[str, dict[str, Any]]  # kind -> {"file", "rows", "sha256", "bytes"}
+    layout: int = VERSION  # 1: every file in parts/; 2: <kind>/<part>.parquet (or still staged)
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.commit_path.parent.parent
+
+    @property
+    def shard_tag(self) -> str:
+        return self.part_id.split("-")[0]
+
+    def published_path(self, kind: str) -> Path:
+        if self.layout == 1:
+            return self.commit_path.parent / self.files[kind]["file"]
+        return self.trace_dir / kind / f"{self.part_id}.parquet"
+
+    def staged_path(self, kind: str) -> Path:
+        return self.trace_dir / STAGING_DIR / f"{self.part_id}.{kind}.parquet"
 
     def path(self, kind: str) -> Path:
-        return self.commit_path.parent / self.files[kind]["file"]
+        """Where the kind's file is now: published, or still staged (a writer killed mid-publish)."""
+        published = self.published_path(kind)
+        if self.layout == 1 or published.exists():
+            return published
+        staged = self.staged_path(kind)
+        return staged if staged.exists() else published
 
-    def files_present(self) -> bool:
-        return self.damaged_file() is None
+    def all_paths(self) -> list[Path]:
+        """Every file of the part (its commit record last): what to delete to drop it."""
+        paths = [self.path(kind) for kind in sorted(self.files)]
+        return [*paths, self.commit_path]
 
-    def damaged_file(self) -> Path | None:
-        """The first listed file that is missing or has the wrong size, else None."""
-        for kind, info in self.files.items():
+    def damaged_file(self, verify: bool = True) -> tuple[Path, str] | None:
+        """(path, problem) of the first listed file that is missing, truncated or (``verify``) modified."""
+        for kind, info in sorted(self.files.items()):
             path = self.path(kind)
-            if not path.is_file() or path.stat().st_size != info.get("bytes", path.stat().st_size):
-                return path
+            if not path.is_file():
+                return path, "missing"
+            if "bytes" in info and path.stat().st_size != info["bytes"]:
+                return path, "truncated"
+            if verify and info.get("sha256") and _sha256_file(path) != info["sha256"]:
+                return path, "modified"
         return None
+
+    def remedy(self) -> str:
+        names = ", ".join(str(path) for path in self.all_paths())
+        return f"delete the part's files ({names}) and resume the run: its requests are collected again"
+
+
+def _parse_commit(commit_path: Path, part_id: str, layout: int) -> _Part:
+    try:
+        record = json.loads(commit_path.read_text(encoding="utf-8"))
+        files = {str(kind): dict(info) for kind, info in record["files"].items()}
+        request_ids = tuple(str(request_id) for request_id in record["request_ids"])
+        for kind, info in files.items():
+            name = info.get("file")
+            if not _KIND_PATTERN.match(kind) or not isinstance(name, str) or (layout == 1 and "/" in name):
+                raise ValueError(f"bad file entry for kind {kind!r}")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as error:
+        raise TraceError(f"{commit_path}: corrupt commit record ({type(error).__name__}: {error})") from error
+    return _Part(part_id, commit_path, request_ids, files, layout)
 
 
 def _load_parts(trace_dir: Path) -> list[_Part]:
-    """Committed parts, sorted by part id; a corrupt commit record raises naming the file."""
-    parts_dir = trace_dir / PARTS_DIR
-    if not parts_dir.is_dir():
-        return []
+    """Committed parts (both layouts), sorted by part id; names outside the pattern are ignored."""
     parts = []
-    for commit_path in sorted(parts_dir.glob(f"*{_COMMIT_SUFFIX}")):
-        if commit_path.name.startswith("."):
+    for folder, pattern, layout in ((COMMITS_DIR, _COMMIT_PATTERN, 2), (PARTS_DIR, _V1_COMMIT_PATTERN, 1)):
+        directory = trace_dir / folder
+        if not directory.is_dir():
             continue
-        try:
-            record = json.loads(commit_path.read_text(encoding="utf-8"))
-            files = {str(kind): dict(info) for kind, info in record["files"].items()}
-            request_ids = tuple(str(request_id) for request_id in record["request_ids"])
-            for info in files.values():
-                if not isinstance(info.get("file"), str) or "/" in info["file"]:
-                    raise ValueError("bad file entry")
-        except (
-            json.JSONDecodeError,
-            UnicodeDecodeError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            ValueError,
-        ) as error:
-            raise TraceError(f"{commit_path}: corrupt commit record ({type(error).__name__}: {error})") from error
-        part_id = commit_path.name[: -len(_COMMIT_SUFFIX)]
-        parts.append(_Part(part_id, commit_path, request_ids, files))
-    return parts
+        for commit_path in directory.iterdir():
+            match = pattern.match(commit_path.name)
+            if match and commit_path.is_file():
+                parts.append(_parse_commit(commit_path, match.group("part"), layout))
+    return sorted(parts, key=lambda part: part.part_id)
+
+
+def _kind_dirs(trace_dir: Path) -> list[Path]:
+    """Table-kind folders of a version-2 directory (lower-case names; ``_``/``.`` folders are not kinds)."""
+    if not trace_dir.is_dir():
+        return []
+    return sorted(path for path in trace_dir.iterdir() if path.is_dir() and _KIND_PATTERN.match(path.name))
+
+
+def _roll_forward(trace_dir: Path, parts: Sequence[_Part]) -> int:
+    """Publish staged files of committed parts (a writer killed after its commit); returns the count."""
+    moved = 0
+    for part in parts:
+        if part.layout != 2:
+            continue
+        for kind in part.files:
+            published, staged = part.published_path(kind), part.staged_path(kind)
+            if not published.exists() and staged.exists():
+                published.parent.mkdir(exist_ok=True)
+                try:
+                    os.replace(staged, published)
+                    moved += 1
+                except FileNotFoundError:  # another writer published it first
+                    pass
+    return moved
 
 
 def _read_part_table(part: _Part, kind: str, mode: str, verify: bool) -> pa.Table:
@@ -283,12 +380,17 @@ def _read_part_table(part: _Part, kind: str, mode: str, verify: bool) -> pa.Tabl
     info = part.files[kind]
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"{path}: part file listed in {part.commit_path.name} is missing") from None
+    except FileNotFoundError:  # published by a writer between path() and the read: look again
+        path = part.path(kind)
+        data = path.read_bytes() if path.is_file() else None
+    if data is None:
+        raise TraceError(
+            f"{path}: part file listed in {part.commit_path.name} is missing; {part.remedy()}"
+        )
     if verify and info.get("sha256") and hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise TraceError(
             f"{path}: corrupt part file (truncated or modified: its sha256 differs from "
-            f"{part.commit_path.name}); delete the part's files and commit record and resume the run"
+            f"{part.commit_path.name}); {part.remedy()}"
         )
     try:
         table = pq.read_table(pa.BufferReader(data))
@@ -338,9 +440,16 @@ def _to_arrow(values: Any) -> pa.Array:
 
 
 def parse_shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
-    """``"i/N"`` or ``(i, N)`` (None means ``(0, 1)``), checked: N >= 1 and 0 <= i < N."""
+    """``"i/N"``, ``"auto"`` (from the launcher's environment) or ``(i, N)`` (None: ``(0, 1)``); checked."""
     if shard is None:
         return 0, 1
+    if isinstance(shard, str) and shard.strip().lower() == "auto":
+        from rift_ada.collectors.cluster import ShardEnvError, resolve_shard
+
+        try:
+            shard = str(resolve_shard(shard))
+        except ShardEnvError as error:
+            raise TraceError(str(error)) from None
     if isinstance(shard, str):
         match = re.fullmatch(r"\s*(-?\d+)\s*/\s*(-?\d+)\s*", shard)
         if not match:
@@ -391,6 +500,9 @@ class TraceWriter:
 
     ``writer.completed_request_ids()`` lists requests already committed (by any shard), so a
     re-run can skip them; ``writer.write_requests(tables)`` commits one batch of complete requests.
+    The writer holds the shard's lease (``_leases/s{i}of{N}.lock``) until :meth:`close` (or
+    process exit): a second writer of the same shard is refused with the holder named.
+    Opening verifies every committed file (size and, with ``verify``, sha256).
     """
 
     def __init__(
@@ -401,15 +513,26 @@ class TraceWriter:
         shard: str | tuple[int, int] | None = None,
         compression: str = "zstd",
         cleanup: bool = True,
+        verify: bool = True,
     ) -> None:
         self.trace_dir = Path(out_dir)
         self.shard = parse_shard(shard)
         self.compression = compression
+        self.verify = verify
+        self._lease: ShardLease | None = None
         new_manifest = _jsonable(dict(manifest), "manifest")
         validate_manifest(new_manifest, "manifest given to TraceWriter")
+        new_manifest["version"] = VERSION  # a writer always writes the current layout
         self.mode: str = new_manifest["mode"]
+        if (self.trace_dir / PARTS_DIR).is_dir():
+            raise TraceError(
+                f"{self.trace_dir}: version-1 layout (a '{PARTS_DIR}/' folder): it can still be read, but new "
+                f"parts go into the version-2 layout; upgrade it in place with `rift-ada status {self.trace_dir} "
+                "--upgrade` (or `trace_io.upgrade_layout(dir)`), or collect into a new directory"
+            )
         self.trace_dir.mkdir(parents=True, exist_ok=True)
-        (self.trace_dir / PARTS_DIR).mkdir(exist_ok=True)
+        for folder in (STAGING_DIR, COMMITS_DIR):
+            (self.trace_dir / folder).mkdir(exist_ok=True)
         manifest_path = self.trace_dir / MANIFEST_NAME
         if manifest_path.exists():
             existing = read_manifest(self.trace_dir)
@@ -423,43 +546,89 @@ class TraceWriter:
         else:
             _atomic_write(manifest_path, _json_bytes(new_manifest))
             self.manifest = new_manifest
-        tag = self.shard_tag
-        if cleanup:
-            self._remove_own_orphans(tag)
-        sequences = [int(path.name.split("-")[1]) for path in (self.trace_dir / PARTS_DIR).glob(f"{tag}-*")]
-        self._sequence = max(sequences, default=0)
-        self._completed = self.completed_request_ids()
+        try:
+            self._lease = ShardLease.acquire(self.trace_dir / LEASES_DIR, self.shard_tag)
+        except LeaseHeldError as error:
+            raise TraceError(str(error)) from None
+        try:
+            self._refuse_other_shard_counts()
+            self.took_over = self._lease.took_over
+            parts = _load_parts(self.trace_dir)
+            _roll_forward(self.trace_dir, parts)
+            if cleanup:
+                self._remove_own_orphans(parts)
+            self._sequence = self._last_sequence()
+            self._completed = self.completed_request_ids()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def shard_tag(self) -> str:
         return f"s{self.shard[0]}of{self.shard[1]}"
 
-    def _remove_own_orphans(self, tag: str) -> None:
-        """Delete this shard's uncommitted part files and temporaries left by a killed run."""
-        parts_dir = self.trace_dir / PARTS_DIR
-        committed = {part.part_id for part in _load_parts(self.trace_dir)}
-        for path in parts_dir.iterdir():
-            name = path.name[1:] if path.name.startswith(".") else path.name
-            if not name.startswith(f"{tag}-"):
+    def close(self) -> None:
+        """Release the shard's lease (idempotent); the writer cannot write afterwards."""
+        if self._lease is not None:
+            self._lease.release()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _refuse_other_shard_counts(self) -> None:
+        """Live writers with another shard count N would collect overlapping requests: refuse."""
+        for path in sorted((self.trace_dir / LEASES_DIR).glob("s*of*.lock")):
+            match = re.fullmatch(r"s(\d+)of(\d+)", path.stem)
+            if match is None or int(match.group(2)) == self.shard[1]:
                 continue
-            match = _PART_PATTERN.match(name)
-            if ".tmp-" in name or (match and match.group("part") not in committed):
+            lease = read_lease(path)
+            if lease["held"]:
+                raise TraceError(
+                    f"{path}: shard {path.stem} is being written now ({describe_holder(lease['holder'])}) with "
+                    f"{match.group(2)} shards, this writer uses {self.shard[1]}: concurrent writers of one "
+                    "directory must use the same shard count (their requests would overlap)"
+                )
+
+    def _last_sequence(self) -> int:
+        tag = f"{self.shard_tag}-"
+        names = [path.name for path in (self.trace_dir / COMMITS_DIR).iterdir() if path.name.startswith(tag)]
+        names += [path.name for path in (self.trace_dir / STAGING_DIR).iterdir() if path.name.startswith(tag)]
+        return max((int(name.split("-")[1]) for name in names if _PART_ID_PREFIX.match(name)), default=0)
+
+    def _remove_own_orphans(self, parts: Sequence[_Part]) -> None:
+        """Delete this shard's uncommitted files (staged, temporary, or published without a commit)."""
+        tag = f"{self.shard_tag}-"
+        committed = {part.part_id for part in parts}
+        candidates = list((self.trace_dir / STAGING_DIR).iterdir())
+        for folder in (COMMITS_DIR, *(path.name for path in _kind_dirs(self.trace_dir))):
+            candidates += [path for path in (self.trace_dir / folder).iterdir() if path.name.startswith(f".{tag}")]
+        for kind_dir in _kind_dirs(self.trace_dir):
+            candidates += [path for path in kind_dir.glob(f"{tag}*.parquet") if _PUBLISHED_PATTERN.match(path.name)]
+        for path in candidates:
+            name = path.name.lstrip(".")
+            match = _PART_ID_PREFIX.match(name)
+            if not name.startswith(tag) or not match:
+                continue
+            if ".tmp-" in name or match.group("part") not in committed:
                 path.unlink(missing_ok=True)
 
     def completed_request_ids(self) -> set[str]:
-        """Ids of requests in committed parts (any shard).
+        """Ids of requests in committed parts (any shard), each part's files checked.
 
-        A committed part with a missing or truncated file is refused rather than collected again
-        (that would commit its requests twice): the error names the file and the way out.
+        A committed part with a missing, truncated or (``verify``) modified file is refused rather
+        than collected again (that would commit its requests twice): the error names the file and
+        the way out.
         """
         completed: set[str] = set()
         for part in _load_parts(self.trace_dir):
-            damaged = part.damaged_file()
+            damaged = part.damaged_file(verify=self.verify)
             if damaged is not None:
-                raise TraceError(
-                    f"{damaged}: missing or truncated file of committed part {part.part_id}; delete that part's "
-                    f"files and its commit record {part.commit_path.name} to collect its requests again"
-                )
+                path, problem = damaged
+                what = "missing or truncated" if problem != "modified" else "modified (sha256 differs from its record)"
+                raise TraceError(f"{path}: {what} file of committed part {part.part_id}; {part.remedy()}")
             completed.update(part.request_ids)
         return completed
 
@@ -469,6 +638,8 @@ class TraceWriter:
         Returns the part id, or None when the batch has no requests. Required kinds: probe mode
         ``requests``, ``positions``, ``strides``; closed mode ``requests``, ``rounds``.
         """
+        if self._lease is None or not self._lease.held:
+            raise TraceError(f"{self.trace_dir}: writer of shard {self.shard_tag} is closed")
         missing_kinds = [kind for kind in REQUIRED_KINDS[self.mode] if kind not in tables]
         if missing_kinds:
             raise TraceError(f"{self.mode} traces need table kind(s) {missing_kinds}; got {sorted(tables)}")
@@ -503,30 +674,78 @@ class TraceWriter:
 
         self._sequence += 1
         part_id = f"{self.shard_tag}-{self._sequence:06d}-{uuid.uuid4().hex[:12]}"
-        parts_dir = self.trace_dir / PARTS_DIR
+        staging = self.trace_dir / STAGING_DIR
         files: dict[str, dict[str, Any]] = {}
         for kind, table in arrow_tables.items():
-            sink = pa.BufferOutputStream()
-            pq.write_table(table, sink, compression=self.compression)
-            data = sink.getvalue().to_pybytes()
-            name = f"{part_id}.{kind}.parquet"
-            _atomic_write(parts_dir / name, data)
+            data = _parquet_bytes(table, kind, self.mode, self.compression)
+            _atomic_write(staging / f"{part_id}.{kind}.parquet", data)
             files[kind] = {
-                "file": name,
+                "file": f"{kind}/{part_id}.parquet",
                 "rows": table.num_rows,
                 "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
             }
         record = {
+            "format": FORMAT,
+            "version": VERSION,
             "part_id": part_id,
             "shard": list(self.shard),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "request_ids": sorted(request_ids),
             "files": files,
         }
-        _atomic_write(parts_dir / f"{part_id}{_COMMIT_SUFFIX}", _json_bytes(record))
+        _atomic_write(self.trace_dir / COMMITS_DIR / f"{part_id}.json", _json_bytes(record))  # the commit point
+        part = _Part(part_id, self.trace_dir / COMMITS_DIR / f"{part_id}.json", tuple(request_ids), files)
+        _roll_forward(self.trace_dir, [part])
         self._completed.update(request_ids)
         return part_id
+
+
+def _parquet_bytes(table: pa.Table, kind: str, mode: str, compression: str) -> bytes:
+    """The table as Parquet, with format, version, kind and mode in its key-value metadata."""
+    meta = {"format": FORMAT, "version": VERSION, "kind": kind, "mode": mode}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), PARQUET_META_KEY: json.dumps(meta)})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression=compression)
+    return sink.getvalue().to_pybytes()
+
+
+def upgrade_layout(trace_dir: str | Path) -> int:
+    """Move a version-1 directory (``parts/``) into the version-2 layout in place; returns the parts moved.
+
+    Each committed part's files go to ``<kind>/<part>.parquet`` (bytes unchanged, so the recorded
+    sha256 still holds), its commit record to ``_commits/``; uncommitted files are deleted; the
+    manifest's ``version`` becomes 2. Run it while no writer is active.
+    """
+    trace_dir = Path(trace_dir)
+    manifest = read_manifest(trace_dir)
+    parts_dir = trace_dir / PARTS_DIR
+    if not parts_dir.is_dir():
+        raise TraceError(f"{trace_dir}: no '{PARTS_DIR}/' folder: already in the version-{VERSION} layout")
+    (trace_dir / COMMITS_DIR).mkdir(exist_ok=True)
+    (trace_dir / STAGING_DIR).mkdir(exist_ok=True)
+    moved = 0
+    for part in [part for part in _load_parts(trace_dir) if part.layout == 1]:
+        damaged = part.damaged_file(verify=True)
+        if damaged is not None:
+            raise TraceError(f"{damaged[0]}: {damaged[1]} file of committed part {part.part_id}; fix it first")
+        files = {}
+        for kind, info in part.files.items():
+            target = trace_dir / kind / f"{part.part_id}.parquet"
+            target.parent.mkdir(exist_ok=True)
+            os.replace(part.path(kind), target)
+            files[kind] = {**info, "file": f"{kind}/{part.part_id}.parquet"}
+        record = json.loads(part.commit_path.read_text(encoding="utf-8"))
+        record.update(files=files, format=FORMAT, version=VERSION)
+        _atomic_write(trace_dir / COMMITS_DIR / f"{part.part_id}.json", _json_bytes(record))
+        part.commit_path.unlink()
+        moved += 1
+    if any(parts_dir.iterdir()):  # uncommitted or stray files: kept aside, out of every reader's way
+        parts_dir.rename(trace_dir / f"_v1-leftovers-{uuid.uuid4().hex[:8]}")
+    else:
+        parts_dir.rmdir()
+    _atomic_write(trace_dir / MANIFEST_NAME, _json_bytes({**manifest, "version": VERSION}))
+    return moved
 
 
 # --------------------------------------------------------------------------------------------
@@ -736,12 +955,12 @@ def write_probe_traces(
         full[name] = value
     full["max_positions"] = max(int(full.get("max_positions") or 0), int(traces.outcome.shape[2]))
     full.setdefault("n_requests", traces.n_requests)
-    writer = TraceWriter(trace_dir, full, shard=shard)
-    done = writer.completed_request_ids()
-    ids = [str(value) for value in traces.requests["request_id"]]
-    todo = np.array([index for index, request_id in enumerate(ids) if request_id not in done], dtype=np.int64)
-    for start in range(0, len(todo), max(1, batch_size)):
-        writer.write_requests(_probe_tables(traces, todo[start : start + batch_size]))
+    with TraceWriter(trace_dir, full, shard=shard) as writer:
+        done = writer.completed_request_ids()
+        ids = [str(value) for value in traces.requests["request_id"]]
+        todo = np.array([index for index, request_id in enumerate(ids) if request_id not in done], dtype=np.int64)
+        for start in range(0, len(todo), max(1, batch_size)):
+            writer.write_requests(_probe_tables(traces, todo[start : start + batch_size]))
     return Path(trace_dir)
 
 
@@ -763,29 +982,98 @@ def manifest_hash(trace_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+def _uncommitted_and_stray(trace_dir: Path, parts: Sequence[_Part]) -> tuple[list[str], list[str]]:
+    """(uncommitted part files a killed writer left, stray files readers ignore), paths relative to the dir."""
+    committed = {part.part_id for part in parts}
+    listed = {part.path(kind) for part in parts for kind in part.files} | {part.commit_path for part in parts}
+    uncommitted, stray = [], []
+    folders = [trace_dir / STAGING_DIR, trace_dir / COMMITS_DIR, trace_dir / PARTS_DIR, *_kind_dirs(trace_dir)]
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path in listed:
+                continue
+            name = path.name.lstrip(".")
+            match = _PART_ID_PREFIX.match(name)
+            relative = str(path.relative_to(trace_dir))
+            if match and (".tmp-" in name or match.group("part") not in committed):
+                uncommitted.append(relative)
+            else:
+                stray.append(relative)
+    return uncommitted, stray
+
+
 def trace_status(trace_dir: str | Path) -> dict[str, Any]:
-    """Summary for progress messages: committed parts and requests, uncommitted (ignored) files."""
+    """Progress of a collection: committed parts and requests (in all and per shard), leases, leftovers.
+
+    ``shards`` has one entry per shard seen (in commit records or leases): ``shard`` ("i/N"),
+    ``parts``, ``committed`` requests, ``expected`` requests (when the manifest lists
+    ``request_ids``, else None) and ``writer`` (holder of a live lease, else None).
+    ``uncommitted_files`` are a killed writer's leftovers (ignored by readers, removed when the
+    shard resumes); ``stray_files`` are other files in the trace folders, ignored by name.
+    """
     trace_dir = Path(trace_dir)
     manifest = read_manifest(trace_dir)
     parts = _load_parts(trace_dir)
-    committed_files = {part.files[kind]["file"] for part in parts for kind in part.files}
-    parts_dir = trace_dir / PARTS_DIR
-    uncommitted = (
-        sorted(
-            path.name
-            for path in parts_dir.iterdir()
-            if path.name not in committed_files and not path.name.endswith(_COMMIT_SUFFIX)
-        )
-        if parts_dir.is_dir()
-        else []
-    )
+    uncommitted, stray = _uncommitted_and_stray(trace_dir, parts)
+    request_ids = manifest.get("request_ids")
+    committed_ids = {request_id for part in parts for request_id in part.request_ids}
+    shards: dict[str, dict[str, Any]] = {}
+
+    def entry(tag: str) -> dict[str, Any]:
+        if tag not in shards:
+            index, count = (int(value) for value in tag[1:].split("of"))
+            expected = None
+            if isinstance(request_ids, list):
+                mine = shard_requests([str(value) for value in request_ids], (index, count))
+                expected = len(mine)
+            shards[tag] = {"shard": f"{index}/{count}", "parts": 0, "committed": 0, "expected": expected}
+            shards[tag]["writer"] = None
+        return shards[tag]
+
+    for part in parts:
+        row = entry(part.shard_tag)
+        row["parts"] += 1
+        row["committed"] += len(part.request_ids)
+    leases = trace_dir / LEASES_DIR
+    if leases.is_dir():
+        for path in sorted(leases.glob("s*of*.lock")):
+            if re.fullmatch(r"s\d+of\d+", path.stem):
+                lease = read_lease(path)
+                if lease["held"]:
+                    entry(path.stem)["writer"] = lease["holder"] or {}
+    missing = sorted(set(map(str, request_ids)) - committed_ids) if isinstance(request_ids, list) else None
     return {
         "mode": manifest["mode"],
+        "layout_version": 1 if (trace_dir / PARTS_DIR).is_dir() else VERSION,
         "n_requests_expected": manifest.get("n_requests"),
         "n_parts": len(parts),
-        "n_requests_committed": sum(len(part.request_ids) for part in parts),
+        "n_requests_committed": len(committed_ids),
+        "missing_request_ids": missing,
+        "shards": sorted(shards.values(), key=lambda row: tuple(int(v) for v in row["shard"].split("/"))[::-1]),
         "uncommitted_files": uncommitted,
+        "stray_files": stray,
     }
+
+
+def check_complete(trace_dir: str | Path, *, allow_partial: bool = False) -> dict[str, Any]:
+    """Refuse a partial collection (fewer committed requests than the manifest's ``n_requests``).
+
+    Returns :func:`trace_status`; with ``allow_partial`` a partial collection is returned too
+    (``status["partial"]`` says so) for the caller to report.
+    """
+    status = trace_status(trace_dir)
+    expected, committed = status["n_requests_expected"], status["n_requests_committed"]
+    status["partial"] = isinstance(expected, int) and committed < expected
+    if status["partial"] and not allow_partial:
+        missing = status["missing_request_ids"]
+        example = f" (missing e.g. {missing[:5]})" if missing else ""
+        raise TraceError(
+            f"{trace_dir}: partial collection: {committed} of {expected} requests committed{example}; "
+            "finish it by re-running the collection (all shards), or pass --allow-partial to use it anyway"
+        )
+    return status
 
 
 __all__ = [
@@ -795,6 +1083,7 @@ __all__ = [
     "TraceError",
     "TraceWriter",
     "base_manifest",
+    "check_complete",
     "manifest_hash",
     "package_versions",
     "parse_shard",
@@ -802,7 +1091,9 @@ __all__ = [
     "read_probe_traces",
     "read_tables",
     "shard_requests",
+    "targets_problems",
     "trace_status",
+    "upgrade_layout",
     "validate_manifest",
     "write_probe_traces",
 ]

@@ -220,7 +220,7 @@ def _small_job(n_requests: int = 3) -> tuple[torch.nn.Module, list[Request], lis
 
 
 def _part_files(trace_dir: Path, kind: str) -> list[Path]:
-    return sorted((trace_dir / "parts").glob(f"*.{kind}.parquet"))
+    return sorted((trace_dir / kind).glob("*.parquet"))
 
 
 def test_corrupt_part_is_named_and_the_named_remedy_resumes(tmp_path: Path):
@@ -244,13 +244,14 @@ def test_corrupt_part_is_named_and_the_named_remedy_resumes(tmp_path: Path):
         read_tables(out, kinds=["strides"])
 
     # Resuming over the damaged part is refused (collecting it again would commit it twice).
-    with pytest.raises(TraceError, match=rf"{positions.name}: missing or truncated file of committed part"):
+    # Resume checks sha256, so the same-size garbage part (the first part) is caught too.
+    with pytest.raises(TraceError, match=rf"{strides.name}: modified \(sha256 differs from its record\)"):
         collect_probe(model, requests, targets, out, SMALL)
 
     # The message says: delete the part's files and commit record, then resume.
     for broken in (positions, strides):
         part_id = broken.name.split(".")[0]
-        for path in (out / "parts").glob(f"{part_id}.*"):
+        for path in out.glob(f"*/{part_id}.*"):  # its table files and its commit record
             path.unlink()
     summary = collect_probe(model, requests, targets, out, SMALL)
     assert (summary.skipped, summary.collected) == (1, 2)
@@ -282,7 +283,7 @@ def test_second_collection_with_other_settings_is_refused(tmp_path: Path):
     out = tmp_path / "probe"
     collect_probe(model, requests[:1], targets, out, SMALL)
     manifest = (out / "manifest.json").read_text()
-    before = sorted(path.name for path in (out / "parts").iterdir())
+    before = sorted(str(path.relative_to(out)) for path in out.rglob("*.parquet"))
 
     hotter = CollectSettings(**{**SMALL.__dict__, "temperature": 1.0})
     with pytest.raises(TraceError, match=r"temperature: existing 0\.0 != new 1\.0") as error:
@@ -296,7 +297,7 @@ def test_second_collection_with_other_settings_is_refused(tmp_path: Path):
         collect_probe(model, requests, targets, out, other_arms)
     # Refusals leave the directory untouched.
     assert (out / "manifest.json").read_text() == manifest
-    assert sorted(path.name for path in (out / "parts").iterdir()) == before
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*.parquet")) == before
 
     with pytest.raises(TraceError, match=r"no target response for request\(s\) \['r1'\]"):
         collect_probe(model, requests, targets[:1], tmp_path / "other", SMALL)

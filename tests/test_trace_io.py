@@ -58,7 +58,7 @@ def _assert_same(actual: ProbeTraces, expected: ProbeTraces) -> None:
 
 
 def _parts(trace_dir: Path, kind: str) -> list[Path]:
-    return sorted((trace_dir / "parts").glob(f"*.{kind}.parquet"))
+    return sorted((trace_dir / kind).glob("*.parquet"))
 
 
 def test_probe_round_trip_is_exact(tmp_path: Path):
@@ -87,8 +87,8 @@ def test_resume_skips_complete_requests_and_mismatch_is_refused(tmp_path: Path):
     traces = _traces()
     out = tmp_path / "t"
     write_probe_traces(out, traces.subset(range(6)))
-    writer = TraceWriter(out, read_manifest(out))
-    assert writer.completed_request_ids() == set(traces.requests["request_id"][:6].tolist())
+    with TraceWriter(out, read_manifest(out)) as writer:
+        assert writer.completed_request_ids() == set(traces.requests["request_id"][:6].tolist())
     write_probe_traces(out, traces)  # resumes: writes only the other six
     _assert_same(read_probe_traces(out), traces)
     assert trace_status(out)["n_requests_committed"] == 12
@@ -99,7 +99,7 @@ def test_resume_skips_complete_requests_and_mismatch_is_refused(tmp_path: Path):
     message = str(error.value)
     assert "temperature: existing 0.0 != new 1.0" in message
     assert "arms:" in message and "draft:" not in message
-    with pytest.raises(TraceError, match="already committed"):
+    with TraceWriter(out, read_manifest(out)) as writer, pytest.raises(TraceError, match="already committed"):
         writer.write_requests(_one_request_tables(traces, 0))
 
 
@@ -143,14 +143,18 @@ def test_part_without_commit_record_is_ignored_and_rewritten(tmp_path: Path):
     traces = _traces()
     out = tmp_path / "t"
     write_probe_traces(out, traces, batch_size=6)
-    commits = sorted((out / "parts").glob("*.commit.json"))
+    commits = sorted((out / "_commits").glob("*.json"))
     second = json.loads(commits[1].read_text())
-    commits[1].unlink()  # as if killed after the table renames, before the commit record
+    part_id = second["part_id"]
+    # As if killed after staging the tables, before the commit record: files back in _staging/.
+    commits[1].unlink()
+    for kind in ("requests", "positions", "strides"):
+        (out / kind / f"{part_id}.parquet").rename(out / "_staging" / f"{part_id}.{kind}.parquet")
     back = read_probe_traces(out)
     assert back.n_requests == 6
     assert not set(second["request_ids"]) & set(back.requests["request_id"].tolist())
-    writer = TraceWriter(out, read_manifest(out), cleanup=False)
-    assert not set(second["request_ids"]) & writer.completed_request_ids()
+    with TraceWriter(out, read_manifest(out), cleanup=False) as writer:
+        assert not set(second["request_ids"]) & writer.completed_request_ids()
     assert len(trace_status(out)["uncommitted_files"]) == 3
     write_probe_traces(out, traces)  # resume: the orphans of shard 0/1 are removed, requests rewritten
     assert trace_status(out)["uncommitted_files"] == []
@@ -161,10 +165,10 @@ def test_missing_companion_table_from_another_shard_is_ignored(tmp_path: Path):
     traces = _traces()
     out = tmp_path / "t"
     write_probe_traces(out, traces)
-    orphan = out / "parts" / "s1of2-000001-0123456789ab.requests.parquet"
+    orphan = out / "_staging" / "s1of2-000001-0123456789ab.requests.parquet"
     orphan.write_bytes(b"half-written part of a concurrent shard")
     _assert_same(read_probe_traces(out), traces)
-    assert trace_status(out)["uncommitted_files"] == [orphan.name]
+    assert trace_status(out)["uncommitted_files"] == [f"_staging/{orphan.name}"]
 
 
 def test_manifest_errors_name_file_and_field(tmp_path: Path):
