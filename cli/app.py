@@ -388,6 +388,11 @@ def demo(
         console.print(f"controller ({label}): [bold]{path}[/bold]")
 
 
+from rift_ada.cli import conformance as _conformance  # noqa: E402
+
+_conformance.register(app)
+
+
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
