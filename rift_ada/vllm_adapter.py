@@ -82,7 +82,10 @@ class RiftDraftProposer:
         self.finished: list[_Request] = []  # states dropped (request finished or left the batch)
         self.rounds_log = os.environ.get("RIFT_ADA_ROUNDS_LOG")
 
-    # -- vLLM entry point -------------------------------------------------------------------------
+    # -- vLLM entry points ------------------------------------------------------------------------
+
+    def load_model(self, target_model: Any) -> None:
+        """Called by vLLM's CPU model runner for every drafter; the draft was loaded in __init__."""
 
     @torch.no_grad()
     def propose(

@@ -13,7 +13,7 @@ from rift_ada.speculative import speculative_generate
 from tests.tiny_models import VOCAB, tiny_model
 
 PROMPT_LENGTH = 48
-NEW_TOKENS = 64
+NEW_TOKENS = 40
 POLICY = make_policy("rift-stat", budget=24, obs_window=8)
 
 

@@ -46,7 +46,7 @@ def test_proposer_in_a_simulated_vllm_batch(proposer: RiftDraftProposer) -> None
     target = tiny_model("llama", seed=0)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in (40, 52)]
-    limits = [60, 30]  # the second request finishes early and leaves the batch
+    limits = [40, 20]  # the second request finishes early and leaves the batch
     rows = [list(p) for p in prompts]
     drafts: list[list[int]] = [[], []]
     sampled: list[list[int]] = [[], []]
