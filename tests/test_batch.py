@@ -153,3 +153,11 @@ def test_mixed_temperatures_in_one_batch() -> None:
     assert len(batch) == 2 and "greedy" in batch
     batch.finish("greedy")
     assert "greedy" not in batch and batch.finish("greedy") is None
+
+
+def test_controller_set_load_names_a_bad_file(tmp_path) -> None:
+    missing = tmp_path / "missing.json"
+    with pytest.raises(rift_ada.ControllerError, match="missing.json"):
+        ControllerSet.load([missing])
+    with pytest.raises(ValueError, match="tolerance"):
+        ControllerSet([_controller()], tolerance=-1.0)
