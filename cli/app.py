@@ -456,11 +456,13 @@ def demo(
         console.print(f"controller ({label}): [bold]{path}[/bold]")
 
 
+from rift_ada.cli import conformance as _conformance_cli  # noqa: E402
 from rift_ada.cli import ray_launch as _ray_launch_cli  # noqa: E402
 from rift_ada.cli import status as _status_cli  # noqa: E402
 
 _status_cli.register(app)
 _ray_launch_cli.register(app)
+_conformance_cli.register(app)
 
 
 def main() -> None:

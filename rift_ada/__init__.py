@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Controller", "ControllerError", "Session", "__version__"]
+__all__ = ["BatchSessions", "Controller", "ControllerError", "ControllerSet", "Session", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from rift_ada import controller
 
         return getattr(controller, name)
+    if name in ("BatchSessions", "ControllerSet"):
+        from rift_ada import batch
+
+        return getattr(batch, name)
     raise AttributeError(f"module 'rift_ada' has no attribute {name!r}")

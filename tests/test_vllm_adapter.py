@@ -1,0 +1,100 @@
+"""The vLLM prototype proposer driven the way vLLM 0.32's model runner calls a custom_class proposer
+(per step: the tokens each row committed, the rows' token ids), with greedy verification by a tiny
+target model. vLLM itself does not run on this machine (docs/serving.md); this checks the adapter's
+row matching, rollback, controller stepping and request drop-out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from rift_ada.budget import make_policy
+from rift_ada.controller import make_controller_dict
+from rift_ada.vllm_adapter import RiftDraftProposer
+from tests.tiny_models import VOCAB, tiny_model
+
+K = 5
+
+
+def _greedy_next(model: torch.nn.Module, tokens: list[int]) -> list[int]:
+    """Greedy next-token choice after every prefix of ``tokens`` (one full forward)."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0].argmax(-1).tolist()
+
+
+@pytest.fixture()
+def proposer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RiftDraftProposer:
+    policy = {"kind": "gate", "any": [{"signal": "acceptance", "op": "<=", "value": 4.0}]}
+    data = make_controller_dict(
+        policy, name="t", draft="d", target="t", temperature=0.0,
+        schedule={"decision_stride": 4, "min_age": 8, "max_age": 32},
+    )
+    path = tmp_path / "controller.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("RIFT_ADA_CONTROLLER", str(path))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=K), model_config=None)
+    policy = make_policy("rift-stat", budget=24, obs_window=8)
+    return RiftDraftProposer(config, draft_model=tiny_model("llama", seed=0), policy=policy)
+
+
+def test_proposer_in_a_simulated_vllm_batch(proposer: RiftDraftProposer) -> None:
+    target = tiny_model("llama", seed=0)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in (40, 52)]
+    limits = [40, 20]  # the second request finishes early and leaves the batch
+    rows = [list(p) for p in prompts]
+    drafts: list[list[int]] = [[], []]
+    sampled: list[list[int]] = [[], []]
+    for i, tokens in enumerate(rows):  # prefill step: the target emits the first token
+        sampled[i] = [_greedy_next(target, tokens)[-1]]
+        tokens.extend(sampled[i])
+    while True:
+        active = [i for i in range(2) if len(rows[i]) - len(prompts[i]) < limits[i] or sampled[i]]
+        active = [i for i in active if sampled[i]]
+        if not active:
+            break
+        width = max(len(rows[i]) for i in active)
+        token_ids = np.zeros((len(active), width + K + 1), dtype=np.int64)
+        for row, i in enumerate(active):
+            token_ids[row, : len(rows[i])] = rows[i]
+        out = proposer.propose([sampled[i] for i in active], np.array([len(rows[i]) for i in active]), token_ids)
+        for row, i in enumerate(active):
+            drafts[i] = out[row]
+            assert len(drafts[i]) == K
+        for i in active:  # verification: accepted drafts + the target's token after them
+            remaining = limits[i] - (len(rows[i]) - len(prompts[i]))
+            if remaining <= 0:
+                sampled[i] = []
+                continue
+            greedy = _greedy_next(target, rows[i] + drafts[i])[len(rows[i]) - 1 :]
+            accepted = 0
+            while accepted < K and drafts[i][accepted] == greedy[accepted]:
+                accepted += 1
+            sampled[i] = (drafts[i][:accepted] + [greedy[accepted]])[:remaining]
+            rows[i].extend(sampled[i])
+
+    for i, prompt in enumerate(prompts):  # T = 0: speculative output == the target's greedy decoding
+        expected = list(prompt)
+        for _ in range(limits[i]):
+            expected.append(_greedy_next(target, expected)[-1])
+        assert rows[i] == expected
+    states = proposer.all_requests()
+    assert sorted(len(s.tokens) - s.prompt_length for s in states) == sorted(limits)
+    assert any(s in proposer.finished for s in states), "the early request's state must be dropped"
+    controller = proposer.controller
+    total_refreshes = 0
+    for state in states:  # every refresh is the controller's decision on the rounds seen
+        session = controller.new_session()
+        n = 1  # vLLM's prefill emits the first output token
+        for record in state.rounds:
+            n += record.accepted + 1
+            session.record_round(record.al, record.committed_entropies)
+            assert session.decide(n) == record.refreshed
+            total_refreshes += record.refreshed
+    assert total_refreshes > 0
+    assert any(r.accepted > 0 for s in states for r in s.rounds)
