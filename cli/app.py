@@ -388,6 +388,11 @@ def demo(
         console.print(f"controller ({label}): [bold]{path}[/bold]")
 
 
+from rift_ada.cli import train as _train_cli  # noqa: E402  (its own module; registers train, train-eval)
+
+_train_cli.register(app)
+
+
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
