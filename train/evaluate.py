@@ -37,13 +37,17 @@ class EvalSettings:
     seed: int = 0
     max_new_tokens: int = 256
     sw_ratio: float = 0.5
+    obs_window: int = 64
     draft_length: int = 11
     n_resamples: int = 9999
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        if not self.budgets or any(b < 2 for b in self.budgets):
-            raise ValueError(f"budgets must be a non-empty list of integers >= 2, got {list(self.budgets)}")
+        if not self.budgets or any(b < self.obs_window for b in self.budgets):
+            raise ValueError(
+                f"budgets must be a non-empty list of integers >= the observation window {self.obs_window}, "
+                f"got {list(self.budgets)}"
+            )
         if self.dyn_interval < 1:
             raise ValueError(f"dyn interval must be >= 1, got {self.dyn_interval}")
 
@@ -96,6 +100,7 @@ def _run_draft(
             draft_length=settings.draft_length,
             budget=budget,
             sw_ratio=settings.sw_ratio,
+            obs_window=settings.obs_window,
             dataset=dataset,
         )
         policies = ["stat", f"dyn:{settings.dyn_interval}"] + (["full"] if index == 0 else [])

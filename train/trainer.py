@@ -303,10 +303,10 @@ def train(
                 "step %d/%d loss %.4f (ce %.4f kd %.4f) lr %.2e",
                 *(step + 1, config.steps, last, totals["ce"], totals["kd"], record["lr"]),
             )
-        if on_step is not None:
-            on_step(step + 1, config.steps, record)
         if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
             _save_checkpoint(checkpoint, step + 1, config, models.student, optimizer, scheduler)
+        if on_step is not None:
+            on_step(step + 1, config.steps, record)
     seconds = time.monotonic() - began
     manifest = {
         "format": "rift-ada.training",
