@@ -225,6 +225,7 @@ def prepare_samples(config: TrainConfig, pair: LoadedPair, out_dir: Path, target
         config.dataset, pair.tokenizer, n_requests=config.n_requests, isl_buckets=config.isl_buckets
     )
     train_requests, eval_requests = split_requests(requests, config.eval_fraction, config.seed)
+    log.info("%d requests: %d for training, %d held out", len(requests), len(train_requests), len(eval_requests))
     rows = ensure_targets(
         pair,
         train_requests,
@@ -234,6 +235,7 @@ def prepare_samples(config: TrainConfig, pair: LoadedPair, out_dir: Path, target
         max_new_tokens=config.rollout_max_new_tokens,
         min_new_tokens=config.rollout_min_new_tokens,
         repetition_penalty=config.repetition_penalty,
+        on_request=lambda request_id, n_tokens: log.info("rollout %s: %d tokens", request_id, n_tokens),
     )
     return {
         "samples": make_samples(rows, config.max_length),
