@@ -114,6 +114,11 @@ def test_interrupted_training_resumes_to_the_uninterrupted_result(trained_run, t
     # Another configuration in the same directory is refused, naming the field.
     with pytest.raises(ValueError, match="rho"):
         train(TrainConfig(**{**config.__dict__, "rho": 0.5}), tmp_path / "resumed", targets=targets)
+    # Given rollouts that miss a training request are refused, and the file is left as it was.
+    before = targets.read_bytes()
+    with pytest.raises(ValueError, match="no rollout for training request"):
+        train(TrainConfig(**{**config.__dict__, "seed": 9}), tmp_path / "other", targets=targets)
+    assert targets.read_bytes() == before
 
 
 def test_evaluation_table_compares_with_the_untrained_draft(trained_run, tmp_path):

@@ -26,6 +26,7 @@ import torch
 
 from rift_ada.collectors.collect import save_json
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
+from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import package_versions
 from rift_ada.train.attention import capture_scores, install_training_attention, masked, restore_attention
 from rift_ada.train.config import TrainConfig
@@ -97,13 +98,14 @@ def dense_pass(models: TrainingModels, sample: Sample, want_scores: bool) -> tup
     device = next(models.student.parameters()).device
     ids = torch.tensor([sample.input_ids], device=device)
     n_response = sample.response_length
-    scores = None
-    with models.frozen_draft() as frozen:
-        capture = capture_scores() if want_scores else contextlib.nullcontext({})
-        with capture as buffer:
-            draft_logits = _response_logits(frozen, ids, n_response)
-        if want_scores:
-            scores = (buffer["sum"][0] / buffer["layers"]).float()
+    scores = draft_logits = None
+    if want_scores or models.teacher is None:
+        with models.frozen_draft() as frozen:
+            capture = capture_scores() if want_scores else contextlib.nullcontext({})
+            with capture as buffer:
+                draft_logits = _response_logits(frozen, ids, n_response)
+            if want_scores:
+                scores = (buffer["sum"][0] / buffer["layers"]).float()
     if models.teacher is None:
         return draft_logits, scores
     return _response_logits(models.teacher, ids.to(next(models.teacher.parameters()).device), n_response), scores
@@ -226,6 +228,11 @@ def prepare_samples(config: TrainConfig, pair: LoadedPair, out_dir: Path, target
     )
     train_requests, eval_requests = split_requests(requests, config.eval_fraction, config.seed)
     log.info("%d requests: %d for training, %d held out", len(requests), len(train_requests), len(eval_requests))
+    if targets is not None and targets.exists():  # given rollouts (e.g. imported) are read, never overwritten
+        covered = {row["request_id"] for row in read_targets(targets)}
+        missing = [request.request_id for request in train_requests if request.request_id not in covered]
+        if missing:
+            raise ValueError(f"{targets}: no rollout for training request(s) {missing[:5]} (dataset or seed differ?)")
     rows = ensure_targets(
         pair,
         train_requests,
