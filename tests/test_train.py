@@ -43,7 +43,7 @@ def _full_attention_layers(model) -> int:
     return model.config.num_hidden_layers if types is None else sum(t == "full_attention" for t in types)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "gpt_oss", "nemotron_h"])
 def test_hook_without_mask_or_with_causal_mask_is_the_plain_model(architecture):
     model = tiny_model(architecture)
     ids = torch.tensor([_sample().input_ids])

@@ -1,7 +1,7 @@
 """Training-time attention: apply per-sample compression masks, or capture dense attention scores.
 
-``install_training_attention(model)`` routes the model's attention through ``rift-train``. Outside a
-:func:`masked` / :func:`capture_scores` block it is the model's plain sdpa attention. Only layers that
+``install_training_attention(model)`` routes the model's attention through ``rift-train-<base>``.
+Outside a :func:`masked` / :func:`capture_scores` block it is the model's own attention. Only layers that
 call the attention interface and are not sliding-window layers are touched, so on hybrid models
 (Qwen3.5 Gated DeltaNet, Nemotron-H Mamba, GPT-OSS sliding layers) only full attention is masked.
 """
@@ -80,24 +80,41 @@ def _training_attention(
         additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
         additive = additive.masked_fill(~mask.to(query.device), torch.finfo(query.dtype).min)[:, None]
         return _base_function(module, "eager")(module, query, key, value, additive, *args, **kwargs)
-    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, *args, **kwargs)
+    base = getattr(module, "_rift_train_base", "sdpa")
+    if base == "sdpa":
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, *args, **kwargs)
+    return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)
 
 
 def install_training_attention(model: Any) -> None:
-    """Register ``rift-train`` and switch ``model`` (a transformers model, possibly peft-wrapped) to it."""
+    """Register ``rift-train-<base>`` and switch ``model`` (transformers, possibly peft-wrapped) to it.
+
+    ``<base>`` is the model's own implementation (eager for GPT-OSS sinks, else sdpa); outside a
+    :func:`masked` / :func:`capture_scores` block attention is exactly that implementation.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(NAME, _training_attention)
-    AttentionMaskInterface.register(NAME, AttentionMaskInterface._global_mapping["sdpa"])
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_attn_implementation(NAME)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = inner.config._attn_implementation or "sdpa"
+    if current.startswith(NAME):
+        return
+    base = "eager" if current == "eager" else "sdpa"
+    name = f"{NAME}-{base}"
+    AttentionInterface.register(name, _training_attention)
+    AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping[base])
+    for module in inner.modules():
+        if hasattr(module, "scaling"):
+            module._rift_train_base = base
+    inner.set_attn_implementation(name)
 
 
-def restore_attention(model: Any, implementation: str = "sdpa") -> None:
-    """Switch the model back to a stock attention implementation (before saving it)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_attn_implementation(implementation)
+def restore_attention(model: Any) -> None:
+    """Switch the model back to its own attention implementation (before saving it)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = inner.config._attn_implementation or ""
+    if current.startswith(NAME):
+        inner.set_attn_implementation(current.removeprefix(f"{NAME}-"))
 
 
 @contextlib.contextmanager
