@@ -114,8 +114,11 @@ def resolve_preset(name_or_path: str) -> Preset:
         return PRESETS[name_or_path]
     trained = Path(name_or_path) / "rift-ada-draft.json"  # a draft saved by `rift-ada train`
     if trained.is_file():
-        meta = json.loads(trained.read_text())
-        target = meta["target"] if meta.get("target") != name_or_path else None
+        try:
+            meta = json.loads(trained.read_text())
+            target = meta["target"] if meta["target"] != name_or_path else None
+        except (ValueError, KeyError, TypeError) as error:
+            raise ModelError(f"{trained}: not a valid trained-draft file (needs a 'target' field): {error}") from error
         return Preset(
             name_or_path, name_or_path, target, int(meta.get("budget", 8192)), float(meta.get("temperature", 0.0)),
             str(meta.get("architecture", "from config")), f"trained draft of {meta.get('base_draft')}",
