@@ -134,3 +134,11 @@ def test_evaluation_table_compares_with_the_untrained_draft(trained_run, tmp_pat
     assert "| RIFT-stat | 96 |" in (tmp_path / "eval" / "eval.md").read_text()
     with pytest.raises(ValueError, match="observation window"):
         EvalSettings(budgets=(32,))
+
+
+def test_malformed_trained_draft_file_is_named(tmp_path):
+    from rift_ada.models import ModelError
+
+    (tmp_path / "rift-ada-draft.json").write_text('{"base_draft": "x"}')
+    with pytest.raises(ModelError, match="rift-ada-draft.json"):
+        resolve_preset(str(tmp_path))
