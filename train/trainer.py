@@ -28,6 +28,7 @@ from rift_ada.collectors.collect import save_json
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
 from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import package_versions
+from rift_ada.models import TRAINED_DRAFT_FILE
 from rift_ada.train.attention import capture_scores, install_training_attention, masked, restore_attention
 from rift_ada.train.config import TrainConfig
 from rift_ada.train.data import Sample, load_training_requests, make_samples, sample_order, split_requests
@@ -35,7 +36,6 @@ from rift_ada.train.losses import distillation_loss
 from rift_ada.train.masks import sample_mask, sample_p, windowed_scores
 
 log = logging.getLogger("rift_ada.train")
-DRAFT_META = "rift-ada-draft.json"  # written next to a trained draft's weights; read by resolve_preset
 StepFn = Callable[[int, int, dict[str, float]], None]  # (step done, total steps, logged values)
 
 
@@ -202,7 +202,7 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
         "architecture": preset.architecture,
         "training": training,
     }
-    save_json(staging / DRAFT_META, meta)
+    save_json(staging / TRAINED_DRAFT_FILE, meta)
     if out_dir.exists():
         import shutil
 
