@@ -142,3 +142,15 @@ def test_malformed_trained_draft_file_is_named(tmp_path):
     (tmp_path / "rift-ada-draft.json").write_text('{"base_draft": "x"}')
     with pytest.raises(ModelError, match="rift-ada-draft.json"):
         resolve_preset(str(tmp_path))
+
+
+def test_bad_options_are_refused_before_any_model_loads(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "--model", "no-such-preset", "--mask", "bogus", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "mask must be one of" in result.output
+    result = runner.invoke(app, ["train", "--p-values", "0.1,0.5", "--p-probs", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "p_values" in result.output
+    result = runner.invoke(app, ["train-eval", "--run", str(tmp_path), "--budgets", "32"])
+    assert result.exit_code == 2 and "observation window" in result.output
+    result = runner.invoke(app, ["train-eval", "--run", str(tmp_path)])
+    assert result.exit_code == 2 and "train.json" in result.output
