@@ -459,10 +459,12 @@ def demo(
 from rift_ada.cli import conformance as _conformance_cli  # noqa: E402
 from rift_ada.cli import ray_launch as _ray_launch_cli  # noqa: E402
 from rift_ada.cli import status as _status_cli  # noqa: E402
+from rift_ada.cli import train as _train_cli  # noqa: E402  (registers train, train-eval)
 
 _status_cli.register(app)
 _ray_launch_cli.register(app)
 _conformance_cli.register(app)
+_train_cli.register(app)
 
 
 def main() -> None:

