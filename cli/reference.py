@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import click
+from typing import Any
+
 import typer
 
 
-def _option_line(parameter: click.Parameter) -> str:
+def _option_line(parameter: Any) -> str:
     names = ", ".join(f"`{name}`" for name in parameter.opts)
-    if isinstance(parameter, click.Argument):
+    if getattr(parameter, "param_type_name", "") == "argument":
         return f"- {names} (argument)"
     help_text = getattr(parameter, "help", None) or ""
     default = parameter.default
