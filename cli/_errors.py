@@ -47,6 +47,9 @@ def describe_error(error: BaseException) -> str:
             reason = "no space left on device"
         where = str(error.filename) + (f" -> {error.filename2}" if error.filename2 else "")
         return f"{where}: {reason}"
+    original = getattr(error, "orig", None)  # SQLAlchemy wraps the driver's error (and adds a help link)
+    if isinstance(original, BaseException):
+        return f"storage error: {type(original).__name__}: {original}"
     text = str(error)
     if isinstance(error, KeyError) and error.args:
         text = f"missing {error.args[0]!r}"

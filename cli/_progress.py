@@ -59,8 +59,10 @@ class _Stage:
         count = f"{self.done}/{self.total} {self.unit}" if self.total else f"{self.done} {self.unit}"
         if self.total:
             count += f" ({100 * self.done / self.total:.0f}%)"
-        parts = [f"[{self.name}] {count}", f"{rate:.2f} {self.unit}/s"]
-        if self.tokens:
+        parts = [f"[{self.name}] {count}"]
+        if elapsed >= 0.1:  # a rate over less time means nothing
+            parts.append(f"{rate:.2f} {self.unit}/s")
+        if self.tokens and elapsed >= 0.1:
             parts.append(f"{self.tokens / elapsed if elapsed > 0 else 0.0:.1f} tok/s")
         parts.append(f"elapsed {format_seconds(elapsed)}")
         if self.total and self.done < self.total and rate > 0:

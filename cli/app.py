@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rift_ada.cli._errors import ReportingGroup, bad_option, fail
+from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail
 from rift_ada.cli._progress import ProgressReporter
 
 app = typer.Typer(
@@ -144,14 +144,17 @@ def _check_input_file(path: Path | None, option: str) -> None:
 
 
 def _check_writable(path: Path, option: str) -> None:
-    """The directory a file will be written into exists (or can be made) and is writable."""
-    directory = path.parent
-    while not directory.exists() and directory != directory.parent:
-        directory = directory.parent
-    if path.exists() and path.is_dir() and option != "--out":
+    """The directory ``path`` will be written into can be made and written (tried now, before any work)."""
+    if path.is_dir() and path.suffix:
         fail(f"{path}: is a directory ({option})")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        fail(f"{directory}: not writable ({option} {path})")
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".rift-ada-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        fail(f"cannot write {option} {path}: {describe_error(error)}")
 
 
 @app.command()
@@ -458,15 +461,27 @@ def calibrate(
     traces = traces or Path("runs") / name / "probe"
     out = out or Path("runs") / name / "calibration"
     controller_out = controller_out or Path("controllers") / f"{name}.json"
-    from rift_ada.calibrate.pipeline import check_traces_match
     from rift_ada.collectors.trace_io import read_manifest
 
     try:
-        check_traces_match(read_manifest(traces), preset.draft, preset.target_name, temp)
+        manifest = read_manifest(traces)
+    except ValueError as error:
+        bad_option("--traces", str(error))
+    from rift_ada.calibrate.pipeline import check_traces_match
+
+    try:
+        check_traces_match(manifest, preset.draft, preset.target_name, temp)
     except ValueError as error:
         bad_option("--traces", str(error))
     _check_writable(controller_out, "--controller")
     _check_writable(out / "report.md", "--out")
+    if storage is not None:
+        from rift_ada.calibrate.study import open_storage
+
+        try:
+            open_storage(storage)
+        except Exception as error:  # any driver or URL problem: the storage named, before the study starts
+            fail(f"--storage {storage}: {describe_error(error)}")
     from rift_ada.calibrate.export import export_controller
     from rift_ada.calibrate.pipeline import calibrate as run_calibration
     from rift_ada.collectors.trace_io import manifest_hash, read_probe_traces
