@@ -46,10 +46,11 @@ class _Stage:
     name: str
     total: int | None
     unit: str
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=lambda: time.monotonic())
     done: int = 0
     tokens: int = 0
     last_line: float = -1.0
+    last_done: int = -1
     task: Any = None
 
     def line(self, now: float) -> str:
@@ -129,10 +130,16 @@ class ProgressReporter:
             rate = f"{stage.tokens / elapsed:.1f} tok/s" if stage.tokens and elapsed > 0 else ""
             self._bars.update(stage.task, completed=done, total=stage.total, rate=rate)
             return
+        if done == stage.last_done:
+            return  # nothing new (e.g. a final report repeating the last one)
         finished = stage.total is not None and done >= stage.total
         if finished or stage.last_line < 0 or now - stage.last_line >= self.min_interval:
-            stage.last_line = now
+            stage.last_line, stage.last_done = now, done
             self.console.print(Text(stage.line(now)))
+
+    def log(self, message: str) -> None:
+        """A message about the run (stderr, plain text, above any bars)."""
+        self.console.print(Text(str(message)))
 
     def stage_callback(self) -> StageFn:
         """A ``(stage, done, total)`` callback (calibration, demo)."""

@@ -503,6 +503,7 @@ def calibrate(
             reference_interval=reference_interval,
             manifest_hash=manifest_hash(traces),
             progress=progress.stage_callback(),
+            log=progress.log,
         )
     export_controller(result.controller, controller_out)
     confirmation = result.calibration["confirmation"]
