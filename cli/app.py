@@ -313,6 +313,10 @@ def collect(
         arm_ages=ages,
         dataset=dataset,
     )
+    try:
+        settings.cache_policy("rift-stat")
+    except ValueError as error:
+        bad_option("--budget", str(error))
     if mode == "closed":
         if not policy:
             bad_option("--policy", "closed mode needs at least one policy (e.g. --policy stat --policy periodic:128)")

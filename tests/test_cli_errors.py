@@ -72,6 +72,7 @@ def assert_usage_error(arguments: list[str], option: str) -> None:
 
 BAD_OPTIONS = [
     (["collect", "--budget", "0"], "--budget"),
+    (["collect", "--budget", "16"], "--budget"),  # smaller than the observation window
     (["collect", "--mode", "probes"], "--mode"),
     (["collect", "--shard", "5/2"], "--shard"),
     (["collect", "--shard", "half"], "--shard"),
