@@ -92,3 +92,12 @@ def test_fast_stages_are_throttled_but_always_finish():
 
 def test_demo_sizes_match_the_library():
     assert set(typing.get_args(DemoSize)) == set(DEMO_SIZES)
+
+
+def test_docs_cli_md_is_generated_from_the_app():
+    from pathlib import Path
+
+    from rift_ada.cli.reference import CONVENTIONS, cli_reference
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+    assert docs.read_text() == CONVENTIONS + cli_reference(), "run make docs"
