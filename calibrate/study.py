@@ -80,8 +80,32 @@ def _stale_trial_retry() -> dict[str, Any]:
     return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=MAX_RETRIES)}
 
 
+class HeartbeatRDBStorage(RDBStorage):
+    """An RDBStorage that records a trial's first heartbeat the moment it becomes RUNNING.
+
+    Optuna creates (or pops) the RUNNING trial inside ``study.ask()`` and the worker can only record
+    a heartbeat after ``ask`` returns; a worker killed in between would leave a RUNNING trial with no
+    heartbeat, which Optuna never takes for stale. Recording it here narrows that window to the two
+    SQL statements.
+    """
+
+    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
+        # Optuna's cache layer calls this private method (and create_new_trial does too); the test
+        # test_a_trial_killed_right_after_ask_still_goes_stale notices if a new Optuna stops doing so.
+        trial = super()._create_new_trial(study_id, template_trial)
+        if trial.state == TrialState.RUNNING and self.heartbeat_interval is not None:
+            self.record_heartbeat(trial._trial_id)
+        return trial
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        updated = super().set_trial_state_values(trial_id, state, values)
+        if updated and state == TrialState.RUNNING and self.heartbeat_interval is not None:
+            self.record_heartbeat(trial_id)
+        return updated
+
+
 def _rdb(url: str, heartbeat_interval: int, grace_period: int, **kwargs: Any) -> RDBStorage:
-    return RDBStorage(
+    return HeartbeatRDBStorage(
         url, heartbeat_interval=heartbeat_interval, grace_period=grace_period, **_stale_trial_retry(), **kwargs
     )
 

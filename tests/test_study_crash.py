@@ -62,3 +62,16 @@ def test_rerun_after_sigkill_completes_exactly_the_budget(tmp_path):
     baselines = [t.user_attrs[BASELINE_ATTR] for t in complete if BASELINE_ATTR in t.user_attrs]
     assert sorted(baselines) == sorted(task.baselines)
     assert rerun_s < 30  # one grace period (2 s) plus the work, not a 120 s wait
+
+
+def test_a_trial_killed_right_after_ask_still_goes_stale(tmp_path):
+    """The first heartbeat is written with the RUNNING trial itself, not after ``ask`` returns."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    asked = study.ask()
+    asked.suggest_float("x", 0.0, 1.0)  # as if the worker died here, before recording any heartbeat
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].params == trials[0].params and trials[1].system_attrs["failed_trial"] == asked.number
