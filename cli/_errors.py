@@ -76,7 +76,7 @@ def bad_option(option: str, problem: str) -> NoReturn:
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions a user can cause (bad input, disks, storages): reported in one line, exit 1."""
-    types: list[type[BaseException]] = [ValueError, OSError, MemoryError]
+    types: list[type[BaseException]] = [ValueError, OSError]
     for module, name in (
         ("sqlalchemy.exc", "SQLAlchemyError"),
         ("optuna.exceptions", "StorageInternalError"),
