@@ -600,9 +600,16 @@ def demo(
         console.print(Text.assemble(f"controller ({label}): ", (str(path), "bold")))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds: a calibration worker marks its trials FAIL on the way out
+
+
 def main() -> None:
+    import signal
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app()
 
 

@@ -212,3 +212,18 @@ def test_storage_errors_are_one_line(probe_dir, model_dir, tmp_path):
 def test_version():
     result, _ = invoke(["--version"])
     assert result.exit_code == 0 and result.stdout.startswith("rift-ada ")
+
+
+def test_full_disk_during_a_command_is_one_line_naming_the_file(probe_dir, tmp_path, monkeypatch):
+    import errno
+
+    import rift_ada.collectors.collect as collect
+
+    target = tmp_path / "results.json"
+
+    def disk_full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(collect, "save_json", disk_full)
+    line = one_error_line(invoke(["evaluate", "--traces", probe_dir, "--out", target])[0])
+    assert line == f"error: {target}: no space left on device"
