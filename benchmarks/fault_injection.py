@@ -55,10 +55,14 @@ def run_cli(arguments: list[str], *, kill_after: float | None = None) -> tuple[i
     return process.returncode, False
 
 
-def until_done(arguments: list[str], kill_after: float) -> tuple[int, int]:
-    """Run once with a SIGKILL after ``kill_after`` s, then rerun (no kill) until it exits 0: (kills, reruns)."""
+def until_done(arguments: list[str], kill_after: float, on_kill=None) -> tuple[int, int]:
+    """Run once with a SIGKILL after ``kill_after`` s, then rerun (no kill) until it exits 0: (kills, reruns).
+
+    ``on_kill`` is called right after a kill (to record what the killed run had written)."""
     code, killed = run_cli(arguments, kill_after=kill_after)
     kills, reruns = int(killed), 0
+    if killed and on_kill is not None:
+        on_kill()
     while code != 0 and reruns < 3:
         reruns += 1
         code, _ = run_cli(arguments)
@@ -167,7 +171,13 @@ def calibration_trial(work: Path, runs: int, rng: np.random.Generator, trials: i
     for index in range(runs):
         run_dir = work / f"cal-{index}"
         kill_after = float(rng.uniform(0.3, 0.9) * reference_s)
-        run_kills, run_reruns = until_done(calibrate(run_dir), kill_after)
+        at_kill: dict[str, object] = {}
+
+        def record(run_dir: Path = run_dir, at_kill: dict[str, object] = at_kill) -> None:
+            if (run_dir / "study.db").exists():
+                at_kill.update(study_summary(run_dir, 0))
+
+        run_kills, run_reruns = until_done(calibrate(run_dir), kill_after, on_kill=record)
         kills, reruns = kills + run_kills, reruns + run_reruns
         summary = study_summary(run_dir, reference_study["complete"])
         controller = json.loads((run_dir / "exported.json").read_text())
@@ -181,8 +191,10 @@ def calibration_trial(work: Path, runs: int, rng: np.random.Generator, trials: i
         mismatches += not ok
         same_controllers += same
         baselines_equal = summary["baselines"] == reference_study["baselines"]
-        print(f"calibrate run {index}: kill at {kill_after:.1f}s of {reference_s:.1f}s, killed={bool(run_kills)}, "
-              f"reruns={run_reruns}, complete={summary['complete']}/{reference_study['complete']}, "
+        killed_at = (f"{at_kill.get('complete')} complete + {at_kill.get('running_or_waiting')} running"
+                     if at_kill else "no study yet")  # fmt: skip
+        print(f"calibrate run {index}: kill at {kill_after:.1f}s of {reference_s:.1f}s, killed={bool(run_kills)} "
+              f"({killed_at}), reruns={run_reruns}, complete={summary['complete']}/{reference_study['complete']}, "
               f"running/waiting={summary['running_or_waiting']}, baselines equal={baselines_equal}, "
               f"same controller={same}", flush=True)  # fmt: skip
     return {"runs": runs, "kills": kills, "reruns": reruns, "mismatches": mismatches,
