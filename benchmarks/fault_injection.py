@@ -134,8 +134,8 @@ def study_summary(run_dir: Path, total: int) -> dict[str, object]:
     from rift_ada.calibrate.study import BASELINE_ATTR, open_storage
 
     storage = open_storage(f"sqlite:///{run_dir / 'study.db'}")
-    (name,) = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
-    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+    trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(deepcopy=False) if names else []
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     return {
         "complete": len(complete),
