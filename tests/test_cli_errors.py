@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_controller_validation import valid_examples
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
 from rift_ada.collectors.synthetic import synthetic_traces
 from rift_ada.collectors.trace_io import write_probe_traces
 from rift_ada.controller import MAX_CONTROLLER_BYTES
-from tests.test_controller_validation import valid_examples
 
 
 @pytest.fixture(autouse=True)

@@ -8,14 +8,14 @@ import json
 import typing
 
 from rich.console import Console
+from test_cli_errors import imported, invoke, model_dir, no_model_loads, probe_dir  # noqa: F401
+from test_controller_validation import valid_examples
 
 from rift_ada.calibrate.demo import DEMO_SIZES
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.cli.app import DemoSize
 from rift_ada.collectors.datasets import list_datasets
 from rift_ada.models import PRESETS
-from tests.test_cli_errors import imported, invoke, model_dir, no_model_loads, probe_dir  # noqa: F401
-from tests.test_controller_validation import valid_examples
 
 
 def test_models_and_datasets_print_full_names_and_json():

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_controller_validation import delete_at, in_free_form, set_at, valid_examples, walk
 
 from rift_ada.controller import MAX_DEPTH, MAX_STRING_LENGTH, ControllerError, validate_controller_dict
 from rift_ada.controller_schema import DOCS_COPY, PACKAGE_COPY, VALIDATOR_ONLY_RULES, schema_text
-from tests.test_controller_validation import delete_at, in_free_form, set_at, valid_examples, walk
 
 jsonschema = pytest.importorskip("jsonschema")
 

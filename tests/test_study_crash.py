@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import optuna
 from optuna.trial import TrialState
+from test_study_workers import _task
 
 from rift_ada.calibrate.study import BASELINE_ATTR, open_storage, run_study
-from tests.test_study_workers import _task
 
 # Runs the study and kills itself (SIGKILL: no cleanup, no `tell`) in the middle of its third batch.
 KILLED_WORKER = """
