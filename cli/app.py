@@ -44,6 +44,7 @@ DeviceMapOption = Annotated[
         "Recorded in the manifest.",
     ),
 ]
+MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
 DemoSize = Literal["tiny", "small", "full"]  # the keys of calibrate.demo.DEMO_SIZES (a test keeps them equal)
 
 
@@ -221,7 +222,7 @@ def targets(
     temp: TempOption = 0.0,
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Targets Parquet file to write.")] = Path("runs/targets.parquet"),
-    seed: Annotated[int, typer.Option(min=0, help="Seed of sampling (recorded in the output).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling (recorded in the output).")] = 0,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on output tokens per request.")] = 512,
     min_new_tokens: Annotated[int, typer.Option(min=0, help="Suppress EOS before this many tokens.")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
@@ -288,7 +289,7 @@ def collect(
     ] = 0.5,
     block_size: Annotated[int | None, typer.Option(min=1, help="Block-level selection (paged serving).")] = None,
     arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = "0,32,64,128,256,512,768",
-    seed: Annotated[int, typer.Option(min=0, help="Seed of sampling and target generation.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling and target generation.")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on generated target tokens.")] = 512,
     shard: Annotated[str | None, typer.Option(help="i/N: collect a deterministic part of the requests.")] = None,
@@ -453,7 +454,7 @@ def calibrate(
     ] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: SQLite in the run dir).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes filling the study.")] = 1,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of splits, sampler and bootstrap.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of splits, sampler and bootstrap.")] = 0,
     reference_interval: Annotated[
         int, typer.Option(min=1, help="Periodic Δ whose AL the controller must match.")
     ] = 128,
@@ -584,7 +585,7 @@ def demo(
     ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
-    seed: Annotated[int, typer.Option(min=0, help="Seed of every random choice (recorded in demo.json).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of every random choice (recorded in demo.json).")] = 0,
 ) -> None:
     """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
     _check_model(model)

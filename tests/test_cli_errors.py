@@ -98,6 +98,8 @@ BAD_OPTIONS = [
     (["targets", "--import", "/no/such/responses.jsonl"], "--import"),
     (["demo", "--size", "huge"], "--size"),
     (["demo", "--seed", "-1"], "--seed"),
+    (["collect", "--seed", str(2**31)], "--seed"),
+    (["collect", "--budget", "9" * 5000], "--budget"),
     (["demo", "--model", "no-such-preset"], "--model"),
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--trials", "-1"], "--trials"),
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--workers", "0"], "--workers"),
