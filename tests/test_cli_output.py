@@ -101,3 +101,16 @@ def test_docs_cli_md_is_generated_from_the_app():
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
     assert docs.read_text() == CONVENTIONS + cli_reference(), "run make docs"
+
+
+def test_bars_on_a_terminal():
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120, force_terminal=True)
+    with ProgressReporter(console) as progress:
+        assert progress.live
+        finished = progress.request_callback("collect [probe]", 2)  # markup-like names stay text
+        finished("a", 10)
+        finished("b", 10)
+        progress.stage_callback()("study", 5, None)
+    shown = buffer.getvalue()
+    assert "collect [probe]" in shown and "2/2" in shown
