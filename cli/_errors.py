@@ -14,22 +14,15 @@ from typing import Any, NoReturn
 import typer
 import typer.core
 from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
+EXIT_RUNTIME = 1  # usage errors exit 2 (typer.BadParameter, raised by bad_option)
 
 # Messages are printed as plain text (never parsed as rich markup); cut so that a hostile input
 # (a 10 MB controller name in an error) cannot flood a log.
 MAX_MESSAGE_CHARS = 2000
 
 stderr_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def plain(value: Any) -> str:
-    """A value (path, name) made safe to embed in rich markup: ``[x]`` prints unchanged."""
-    return escape(str(value))
 
 
 def _shorten(message: str) -> str:
