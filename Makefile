@@ -35,6 +35,7 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m rift_ada.cli.reference > docs/cli.md
 	$(PY) -m rift_ada.cli.reference --readme
+	$(PY) -m rift_ada.controller_schema --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,16 +6,26 @@ replay. Several processes (here or on other machines) can fill one study through
 storage: the study is loaded with ``load_if_exists=True``, baselines are enqueued once, and the
 total trial count is respected across workers (a worker that drew a trial number beyond the
 budget marks it FAIL with a ``skipped`` note and stops, so COMPLETE trials never exceed it).
+
+Crashed workers: on RDB storages (the default SQLite file, PostgreSQL, MySQL) every trial being
+evaluated records a heartbeat every ``heartbeat_interval`` seconds; a RUNNING trial whose last
+heartbeat is older than ``grace_period`` belongs to a dead worker (SIGKILL, OOM, power loss). Any
+worker marks it FAIL and re-enqueues it with the same parameters and labels (Optuna's
+``RetryHeartbeatStaleTrialCallback``), so a rerun after a crash ends with exactly the asked number
+of COMPLETE trials and waits at most one grace period. Journal storages have no heartbeat: their
+dead trials are ignored after ``wait_for_running``'s timeout.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import sqlite3
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,7 +35,8 @@ from typing import Any
 
 import optuna
 import sqlalchemy
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, fail_stale_trials
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
 from optuna.trial import FrozenTrial, TrialState
 
@@ -39,6 +50,9 @@ FINGERPRINT_ATTR = "rift_ada_fingerprint"
 BASELINE_ATTR = "baseline"
 RECORD_ATTR = "rift_ada"
 ProgressFn = Callable[[str, int, int | None], None]
+HEARTBEAT_INTERVAL_S = 2  # seconds between heartbeats of a trial being evaluated (RDB storages)
+GRACE_PERIOD_S = 10  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
+MAX_RETRIES = 3  # a trial whose evaluation kills its worker this often is given up (a new one is asked)
 
 
 def baseline_labels(intervals: Sequence[int] = DEFAULT_INTERVALS, reference_interval: int = 128) -> list[str]:
@@ -56,12 +70,59 @@ def baseline_policy(label: str) -> tuple[str, dict[str, Any]]:
     return label, {"kind": label}
 
 
-def open_storage(storage: str | BaseStorage) -> BaseStorage:
+def _stale_trial_retry() -> dict[str, Any]:
+    """RDBStorage keyword: re-enqueue a dead worker's trial (same params and labels), at most MAX_RETRIES times."""
+    from optuna import storages
+
+    retry = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
+    if retry is not None:  # optuna >= 4.9
+        return {"heartbeat_stale_trial_callback": retry(max_retry=MAX_RETRIES)}
+    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=MAX_RETRIES)}
+
+
+class HeartbeatRDBStorage(RDBStorage):
+    """An RDBStorage that records a trial's first heartbeat the moment it becomes RUNNING.
+
+    Optuna creates (or pops) the RUNNING trial inside ``study.ask()`` and the worker can only record
+    a heartbeat after ``ask`` returns; a worker killed in between would leave a RUNNING trial with no
+    heartbeat, which Optuna never takes for stale. Recording it here narrows that window to the two
+    SQL statements.
+    """
+
+    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
+        # Optuna's cache layer calls this private method (and create_new_trial does too); the test
+        # test_a_trial_killed_right_after_ask_still_goes_stale notices if a new Optuna stops doing so.
+        trial = super()._create_new_trial(study_id, template_trial)
+        if trial.state == TrialState.RUNNING and self.heartbeat_interval is not None:
+            self.record_heartbeat(trial._trial_id)
+        return trial
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        updated = super().set_trial_state_values(trial_id, state, values)
+        if updated and state == TrialState.RUNNING and self.heartbeat_interval is not None:
+            self.record_heartbeat(trial_id)
+        return updated
+
+
+def _rdb(url: str, heartbeat_interval: int, grace_period: int, **kwargs: Any) -> RDBStorage:
+    return HeartbeatRDBStorage(
+        url, heartbeat_interval=heartbeat_interval, grace_period=grace_period, **_stale_trial_retry(), **kwargs
+    )
+
+
+def open_storage(
+    storage: str | BaseStorage,
+    *,
+    heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
+    grace_period: int = GRACE_PERIOD_S,
+) -> BaseStorage:
     """Storage from a URL: any SQLAlchemy URL (``sqlite:///run/study.db``, ``postgresql://...``),
     ``redis://...`` (journal on Redis), or ``journal:PATH`` / a path ending in ``.log`` or
-    ``.journal`` (journal file, safe on shared file systems)."""
+    ``.journal`` (journal file, safe on shared file systems). RDB storages get heartbeats, so
+    trials of crashed workers are failed and retried (module docstring)."""
     if isinstance(storage, BaseStorage):
         return storage
+    _quiet_optuna()
     url = str(storage)
     if url.startswith("redis://") or url.startswith("rediss://"):
         return JournalStorage(JournalRedisBackend(url))
@@ -75,12 +136,13 @@ def open_storage(storage: str | BaseStorage) -> BaseStorage:
             f"storage {url!r} is not a URL: use sqlite:///PATH, an RDB URL, redis://..., or journal:PATH"
         )
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        rdb = RDBStorage(url, engine_kwargs={"creator": _sqlite_creator(url[len("sqlite:///") :])})
+        creator = _sqlite_creator(url[len("sqlite:///") :])
+        rdb = _rdb(url, heartbeat_interval, grace_period, engine_kwargs={"creator": creator})
         # pysqlite runs SELECTs outside transactions, so two processes could both see a WAITING
         # trial and both pop it. One IMMEDIATE transaction per session makes read-then-write atomic.
         sqlalchemy.event.listen(rdb.engine, "begin", _begin_immediate)
         return rdb
-    return RDBStorage(url)
+    return _rdb(url, heartbeat_interval, grace_period)
 
 
 def _begin_immediate(connection: Any) -> None:
@@ -167,6 +229,8 @@ class StudyTask:
     baselines: tuple[str, ...]
     timeout: float | None = None
     batch_size: int = 8
+    heartbeat_interval: int = HEARTBEAT_INTERVAL_S
+    grace_period: int = GRACE_PERIOD_S
 
     @property
     def total_trials(self) -> int:
@@ -193,6 +257,9 @@ class StudyTask:
 def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message=".*failed_trial_callback.*", category=FutureWarning)
+    # Heartbeats are recorded by this module's own thread around ask/tell (see _Heartbeats).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
 
 
 def make_sampler(seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
@@ -209,7 +276,7 @@ def make_sampler(seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
 def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = False) -> optuna.Study:
     """Create or load the study, check that it was built from the same inputs, enqueue missing baselines."""
     _quiet_optuna()
-    storage = open_storage(task.storage)
+    storage = open_storage(task.storage, heartbeat_interval=task.heartbeat_interval, grace_period=task.grace_period)
     study = optuna.create_study(
         storage=storage,
         study_name=task.study_name,
@@ -228,11 +295,12 @@ def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = Fa
             f"search space or controller settings (fingerprint {existing} != {fingerprint}); "
             "use a new run directory, storage or study name"
         )
+    fail_stale_trials(study)  # trials of workers that died: FAIL, and re-enqueued with the same parameters
     trials = study.get_trials(deepcopy=False)
     if not parallel and any(t.state == TrialState.RUNNING for t in trials):
         # Joining a study other processes are filling: sample with a seed of our own.
         study.sampler = make_sampler(task.seed + 1 + os.getpid(), task.n_trials)
-    have = {t.user_attrs.get(BASELINE_ATTR) for t in trials}
+    have = {t.user_attrs.get(BASELINE_ATTR) for t in trials if t.state in _COUNTED}
     for label in task.baselines:
         if label not in have:
             study.enqueue_trial({}, user_attrs={BASELINE_ATTR: label})
@@ -240,6 +308,54 @@ def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = Fa
 
 
 _COUNTED = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+
+
+class _Heartbeats:
+    """Records a heartbeat for each trial this worker holds, at once and then every interval, on a thread."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        storage = study._storage
+        self.interval = storage.get_heartbeat_interval() if is_heartbeat_enabled(storage) else None
+        self.storage: Any = storage
+        self.trial_ids: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def add(self, trial: optuna.Trial) -> optuna.Trial:
+        """Hold ``trial``: its first heartbeat now, so a worker killed from here on leaves a trial that goes stale."""
+        if self.interval is not None:
+            self.trial_ids.append(trial._trial_id)
+            self._record([trial._trial_id])
+        return trial
+
+    def _record(self, trial_ids: Sequence[int]) -> None:
+        for trial_id in trial_ids:
+            with contextlib.suppress(Exception):  # a trial another worker failed meanwhile; a busy database
+                self.storage.record_heartbeat(trial_id)
+
+    def _beat(self) -> None:
+        assert self.interval is not None
+        while not self.stop.wait(self.interval):
+            self._record(list(self.trial_ids))
+
+    def __enter__(self) -> _Heartbeats:
+        if self.interval is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.interval is not None:
+            self.stop.set()
+            self.thread.join()
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -> bool:
+    """``study.tell``; False when the trial was already finished (failed as stale and retried elsewhere)."""
+    try:
+        study.tell(trial, *args, **kwargs)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
 
 
 def _propose(task: StudyTask, trial: optuna.Trial, worker: int) -> tuple[dict[str, Any] | str, dict[str, Any]]:
@@ -272,37 +388,42 @@ def run_worker(
         batch: list[tuple[optuna.Trial, dict[str, Any] | str, dict[str, Any]]] = []
         asked: list[optuna.Trial] = []
         skipped: set[int] = set()
-        try:
-            counted = study.get_trials(deepcopy=False, states=_COUNTED)
-            waiting = sum(t.state == TrialState.WAITING for t in counted)
-            slots = max(total - len(counted), 0) + waiting
-            if slots == 0:
-                break
-            for _ in range(min(max(1, task.batch_size), slots)):
-                asked.append(study.ask())
-            # Other workers may have asked meanwhile: a trial is within budget only if fewer than
-            # `total` counted trials have a smaller number (numbers are unique and ordered).
-            numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=_COUNTED))
-            for trial in asked:
-                if bisect.bisect_left(numbers, trial.number) >= total:
-                    trial.set_user_attr("skipped", "trial budget already taken by other workers")
-                    study.tell(trial, state=TrialState.FAIL)
-                    skipped.add(trial.number)
-                    exhausted = True
-                else:
-                    batch.append((trial, *_propose(task, trial, worker_index)))
-            if not batch:
-                break
-            values = task.evaluator.evaluate_many([target for _, target, _ in batch])
-        except BaseException:
-            for trial in asked:
-                if trial.number not in skipped:
-                    study.tell(trial, state=TrialState.FAIL)
-            raise
-        for (trial, _, record), (al, refreshes) in zip(batch, values, strict=True):
-            trial.set_user_attr(RECORD_ATTR, record)
-            study.tell(trial, [al, refreshes])
-        done += len(batch)
+        counted = study.get_trials(deepcopy=False, states=_COUNTED)
+        waiting = sum(t.state == TrialState.WAITING for t in counted)
+        slots = max(total - len(counted), 0) + waiting
+        if slots == 0:
+            if _await_running(study, total):  # dead workers' trials were failed and re-enqueued
+                continue
+            break
+        with _Heartbeats(study) as heartbeats:
+            try:
+                for _ in range(min(max(1, task.batch_size), slots)):
+                    asked.append(heartbeats.add(study.ask()))
+                # Other workers may have asked meanwhile: a trial is within budget only if fewer than
+                # `total` counted trials have a smaller number (numbers are unique and ordered).
+                numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=_COUNTED))
+                for trial in asked:
+                    if bisect.bisect_left(numbers, trial.number) >= total:
+                        trial.set_user_attr("skipped", "trial budget already taken by other workers")
+                        _tell(study, trial, state=TrialState.FAIL)
+                        skipped.add(trial.number)
+                        exhausted = True
+                    else:
+                        batch.append((trial, *_propose(task, trial, worker_index)))
+                if not batch:
+                    break
+                values = task.evaluator.evaluate_many([target for _, target, _ in batch])
+            except BaseException:
+                for trial in asked:
+                    if trial.number not in skipped:
+                        _tell(study, trial, state=TrialState.FAIL)
+                raise
+            for (trial, _, record), (al, refreshes) in zip(batch, values, strict=True):
+                try:
+                    trial.set_user_attr(RECORD_ATTR, record)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # failed as stale by another worker (this one stalled); its retry redoes it
+                done += _tell(study, trial, [al, refreshes])
         if progress is not None:
             complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
             progress("study", complete, total)
@@ -346,7 +467,8 @@ def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None 
         failed = [i for i, p in enumerate(procs) if p.exitcode != 0]
         if failed:
             raise CalibrationError(f"study worker(s) {failed} exited with codes {[procs[i].exitcode for i in failed]}")
-    wait_for_running(study)
+    if _await_running(study, task.total_trials) and task.timeout is None:
+        run_worker(task, progress=progress)  # trials of a worker that died were re-enqueued: run them here
     if progress is not None:
         complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         progress("study", complete, task.total_trials)
@@ -356,14 +478,24 @@ def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None 
 def wait_for_running(study: optuna.Study, *, timeout: float = 120.0, poll: float = 0.25) -> int:
     """Wait until no trial of the study is RUNNING (other workers finishing); returns how many still are.
 
-    A trial still running after ``timeout`` seconds is taken for a crashed worker's and ignored.
+    With heartbeats (RDB storages) a dead worker's trials are failed (and re-enqueued) once their
+    grace period passes, so this returns as soon as live workers finish. Without (journal storages)
+    a trial still running after ``timeout`` seconds is taken for a crashed worker's and ignored.
     """
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # only reached by trials that never recorded a heartbeat
     while True:
+        fail_stale_trials(study)
         running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
         if running == 0 or time.monotonic() >= deadline:
             return running
         time.sleep(poll)
+
+
+def _await_running(study: optuna.Study, total: int) -> bool:
+    """The budget is taken but trials still run: wait for them; True when some came back to be run again."""
+    wait_for_running(study)
+    counted = study.get_trials(deepcopy=False, states=_COUNTED)
+    return any(t.state == TrialState.WAITING for t in counted) or len(counted) < total
 
 
 def trial_point(trial: FrozenTrial) -> TrialPoint:

@@ -1,16 +1,24 @@
-"""The `rift-ada` command line: parses options, calls library functions, prints with rich."""
+"""The `rift-ada` command line: parses options, calls library functions, prints with rich.
+
+Every option is checked before any model loads (bad options exit 2 with the option named on
+stderr); errors a user can cause end as one plain line on stderr with exit 1 (cli/_errors.py);
+progress goes to stderr, as bars on a terminal and as log lines elsewhere (cli/_progress.py).
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
+
+from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail
+from rift_ada.cli._progress import ProgressReporter
 
 app = typer.Typer(
     name="rift-ada",
@@ -18,51 +26,153 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=ReportingGroup,
+    rich_markup_mode=None,  # usage errors as plain `Error: ...` lines on stderr, never parsed as markup
 )
-console = Console()
+console = Console(highlight=False)
+if not console.is_terminal:  # logs and pipes: tables at their natural width, nothing folded or cut
+    console = Console(highlight=False, width=100_000)
 
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
-TempOption = Annotated[float, typer.Option("--temp", "-t", help="Sampling temperature T (0 = greedy).")]
+TempOption = Annotated[float, typer.Option("--temp", "-t", min=0.0, help="Sampling temperature T (0 = greedy).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread a model over several GPUs (transformers device_map, e.g. auto; needs accelerate). "
+        "Recorded in the manifest.",
+    ),
+]
+MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
+DemoSize = Literal["tiny", "small", "full"]  # the keys of calibrate.demo.DEMO_SIZES (a test keeps them equal)
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
+def _progress() -> ProgressReporter:
+    """The progress reporter every command uses (bars on a terminal, log lines elsewhere)."""
+    return ProgressReporter()
 
 
-class _TokenRate:
-    """Progress callback: advances per request and shows output tokens per second."""
-
-    def __init__(self, progress: Progress, task: Any):
-        self.progress, self.task = progress, task
-        self.tokens, self.start = 0, time.monotonic()
-
-    def __call__(self, request_id: str, n_tokens: int) -> None:
-        self.tokens += n_tokens
-        rate = self.tokens / max(1e-9, time.monotonic() - self.start)
-        self.progress.update(self.task, advance=1, rate=f"{rate:.1f} tok/s")
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-def _fail(error: Exception) -> None:
-    console.print(f"[red]error:[/red] {error}")
-    raise typer.Exit(code=2)
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"rift-ada {version('rift-ada')}")
+        except PackageNotFoundError:
+            typer.echo("rift-ada (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Calibrate adaptive KV-refresh controllers (RIFT-ada) for speculative-decoding drafts."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks run before any model loads: each raises a usage error (exit 2) naming the option.
+
+
+def _share(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0, got {value}")
+    return value
+
+
+def _check_model(model: str) -> Any:
+    from rift_ada.models import ModelError, resolve_preset
+
+    try:
+        return resolve_preset(model)
+    except ModelError as error:
+        bad_option("--model", str(error))
+
+
+def _check_shard(shard: str | None) -> str | None:
+    """``i/N``, or ``auto`` resolved from SLURM / Kubernetes / torchrun / Ray variables; the shard to use."""
+    if shard is None:
+        return None
+    from rift_ada.collectors.cluster import resolve_shard
+    from rift_ada.collectors.trace_io import parse_shard
+
+    try:
+        resolved = resolve_shard(shard)
+        parse_shard(resolved)
+    except ValueError as error:
+        bad_option("--shard", str(error))
+    return resolved
+
+
+def _check_arm_ages(text: str, decision_stride: int = 8) -> tuple[int, ...]:
+    try:
+        ages = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        bad_option("--arm-ages", f"expected comma-separated integers, got {text!r}")
+    if any(age < 0 for age in ages):
+        bad_option("--arm-ages", f"ages must be >= 0, got {text!r}")
+    if any(age % decision_stride for age in ages):
+        bad_option("--arm-ages", f"ages must be multiples of the decision stride {decision_stride}, got {text!r}")
+    if list(ages) != sorted(set(ages)):
+        bad_option("--arm-ages", f"ages must be strictly increasing, got {text!r}")
+    return ages
+
+
+def _check_dataset(dataset: str) -> None:
+    """File-based dataset specs are read now (cheap); the embedded ones need the tokenizer later."""
+    if dataset.strip() in ("embedded", "embedded:small"):
+        return
+    from rift_ada.collectors.datasets import load_dataset
+
+    try:
+        load_dataset(dataset)
+    except (ValueError, OSError) as error:
+        bad_option("--dataset", str(error))
+
+
+def _check_input_file(path: Path | None, option: str) -> None:
+    if path is not None and not path.is_file():
+        bad_option(option, f"{path}: no such file")
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """The directory ``path`` will be written into can be made and written (tried now, before any work)."""
+    if path.is_dir() and path.suffix:
+        fail(f"{path}: is a directory ({option})")
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".rift-ada-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        fail(f"cannot write {option} {path}: {describe_error(error)}")
 
 
 @app.command()
-def models() -> None:
+def models(json_output: JsonOption = False) -> None:
     """List the model presets (draft, target, default budget)."""
     from rift_ada.models import PRESETS
 
+    if json_output:
+        _print_json([preset.to_dict() for preset in PRESETS.values()])
+        return
     table = Table(title="Model presets")
     for column in ("preset", "draft", "target", "budget", "T", "architecture", "note"):
-        table.add_column(column)
+        table.add_column(column, **_full_width(column, [p.name for p in PRESETS.values()], "preset"))
     for preset in PRESETS.values():
         table.add_row(
             preset.name,
@@ -73,20 +183,41 @@ def models() -> None:
             preset.architecture,
             preset.note,
         )
+    _print_table(table)
+
+
+def _full_width(column: str, values: list[str], typed: str) -> dict[str, Any]:
+    """Column options: the column a user must type from never wraps or truncates."""
+    if column != typed:
+        return {"overflow": "fold"}
+    return {"no_wrap": True, "min_width": max([len(column), *(len(v) for v in values)])}
+
+
+def _print_table(table: Table) -> None:
+    """Tables as plain text (cells never parsed as markup)."""
     console.print(table)
+
+
+def _text(value: Any) -> Text:
+    """A table cell or line from user data: printed as-is, never parsed as markup."""
+    return Text(str(value))
 
 
 @app.command()
-def datasets() -> None:
+def datasets(json_output: JsonOption = False) -> None:
     """List the dataset specs `--dataset` accepts."""
     from rift_ada.collectors.datasets import list_datasets
 
+    entries = list_datasets()
+    if json_output:
+        _print_json(entries)
+        return
     table = Table(title="Datasets")
     for column in ("name", "description", "usage"):
-        table.add_column(column)
-    for entry in list_datasets():
+        table.add_column(column, **_full_width(column, [e["name"] for e in entries], "name"))
+    for entry in entries:
         table.add_row(entry["name"], entry["description"], entry["usage"])
-    console.print(table)
+    _print_table(table)
 
 
 @app.command()
@@ -95,12 +226,15 @@ def targets(
     temp: TempOption = 0.0,
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Targets Parquet file to write.")] = Path("runs/targets.parquet"),
-    seed: Annotated[int, typer.Option(help="Seed of sampling (recorded in the output).")] = 0,
-    max_new_tokens: Annotated[int, typer.Option(help="Cap on output tokens per request.")] = 512,
-    min_new_tokens: Annotated[int, typer.Option(help="Suppress EOS before this many tokens.")] = 0,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
-    import_file: Annotated[Path | None, typer.Option("--import", help="Import responses (JSONL/Parquet).")] = None,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling (recorded in the output).")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on output tokens per request.")] = 512,
+    min_new_tokens: Annotated[int, typer.Option(min=0, help="Suppress EOS before this many tokens.")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
+    import_file: Annotated[
+        Path | None, typer.Option("--import", help="Import responses (JSONL/Parquet); loads only the tokenizer.")
+    ] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    device_map: DeviceMapOption = None,
     shard: Annotated[
         str | None, typer.Option(help="i/N or auto (SLURM/Kubernetes/torchrun env): this shard's responses only.")
     ] = None,
@@ -109,29 +243,32 @@ def targets(
     ] = False,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
-    from rift_ada.collectors.cluster import resolve_shard
+    preset = _check_model(model)
+    shard = _check_shard(shard)
+    _check_dataset(dataset)
+    _check_input_file(import_file, "--import")
+    if min_new_tokens > max_new_tokens:
+        bad_option("--min-new-tokens", f"must be <= --max-new-tokens ({max_new_tokens}), got {min_new_tokens}")
+    _check_writable(out, "--out")
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
-    try:
-        shard = resolve_shard(shard)
-        if shard is not None:
-            from rift_ada.collectors.trace_io import parse_shard
+    if import_file is not None:
+        from rift_ada.collectors.targets_io import import_targets, write_targets
+        from rift_ada.models import load_tokenizer
 
-            parse_shard(shard)
-        pair = load_pair(model, device=device)
+        tokenizer = load_tokenizer(preset.draft)
+        requests = load_requests(dataset, tokenizer, limit=limit)
+        rows = import_targets(
+            import_file, tokenizer, requests, target_model=preset.target_name, temperature=temp, seed=seed
+        )
+        write_targets(out, rows, {"target_model": preset.target_name, "temperature": temp, "seed": seed})
+    else:
+        pair = load_pair(model, device=device, device_map=device_map)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
-        if import_file is not None:
-            from rift_ada.collectors.targets_io import import_targets, write_targets
-
-            rows = import_targets(
-                import_file, pair.tokenizer, requests, target_model=pair.preset.target_name, temperature=temp, seed=seed
-            )
-            write_targets(out, rows, {"target_model": pair.preset.target_name, "temperature": temp, "seed": seed})
-        elif shard is not None and not out.exists():
+        if shard is not None and not out.exists():
             from rift_ada.collectors.targets_store import generate_targets_resumable
 
             with _progress() as progress:
-                task = progress.add_task(f"targets {shard}", total=None, rate="")
                 done = generate_targets_resumable(
                     pair.target_for_generation,
                     pair.tokenizer,
@@ -143,16 +280,15 @@ def targets(
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
                     shard=shard,
-                    on_request=_TokenRate(progress, task),
+                    on_request=progress.request_callback(f"targets {shard}", None),
                 )
-            console.print(f"shard {shard}: {done.generated} responses generated, {done.skipped} already there")
+            console.print(_text(f"shard {shard}: {done.generated} responses generated, {done.skipped} already there"))
             if not done.complete:
                 console.print("other shards are not finished: the last one to finish writes the targets file")
                 return
             rows = done.rows or []
         else:
             with _progress() as progress:
-                task = progress.add_task("targets", total=len(requests), rate="")
                 rows = ensure_targets(
                     pair,
                     requests,
@@ -162,11 +298,9 @@ def targets(
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
                     extend=extend_targets,
-                    on_request=_TokenRate(progress, task),
+                    on_request=progress.request_callback("targets", len(requests)),
                 )
-    except (ValueError, OSError) as error:
-        _fail(error)
-    console.print(f"wrote {len(rows)} target responses to [bold]{out}[/bold]")
+    console.print(Text.assemble(f"wrote {len(rows)} target responses to ", (str(out), "bold")))
 
 
 @app.command()
@@ -174,7 +308,7 @@ def collect(
     model: ModelOption = "smollm2-135m",
     temp: TempOption = 0.0,
     mode: Annotated[
-        str, typer.Option(help="probe (all arms, teacher-forced) or closed (real draft/verify loop).")
+        Literal["probe", "closed"], typer.Option(help="probe (all arms, teacher-forced) or closed (real draft/verify loop).")
     ] = "probe",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Trace directory.")] = Path("runs/traces"),
@@ -184,77 +318,100 @@ def collect(
     policy: Annotated[
         list[str] | None, typer.Option(help="Closed mode: stat, periodic:N, swa, ..., or controller JSON.")
     ] = None,
-    budget: Annotated[int | None, typer.Option(help="Draft KV budget B (default: the preset's).")] = None,
-    sw_ratio: Annotated[float, typer.Option(help="Sliding-window share of the budget (rho).")] = 0.5,
-    block_size: Annotated[int | None, typer.Option(help="Block-level selection (paged serving).")] = None,
+    budget: Annotated[int | None, typer.Option(min=1, help="Draft KV budget B (default: the preset's).")] = None,
+    sw_ratio: Annotated[
+        float, typer.Option(callback=_share, help="Sliding-window share of the budget (rho), in (0, 1].")
+    ] = 0.5,
+    block_size: Annotated[int | None, typer.Option(min=1, help="Block-level selection (paged serving).")] = None,
     arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = "0,32,64,128,256,512,768",
-    seed: Annotated[int, typer.Option(help="Seed of sampling and target generation.")] = 0,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Cap on generated target tokens.")] = 512,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling and target generation.")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on generated target tokens.")] = 512,
     shard: Annotated[
         str | None, typer.Option(help="i/N, or auto (SLURM array, Kubernetes Indexed Job, torchrun/Ray env).")
     ] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    device_map: DeviceMapOption = None,
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
-    from rift_ada.collectors.cluster import resolve_shard
-    from rift_ada.collectors.collect import CollectSettings
+    preset = _check_model(model)
+    shard = _check_shard(shard)
+    ages = _check_arm_ages(arm_ages)
+    _check_dataset(dataset)
+    from rift_ada.collectors.collect import CollectSettings, resolve_closed_policy
+
+    settings = CollectSettings(
+        draft=preset.draft,
+        target=preset.target_name,
+        temperature=temp,
+        seed=seed,
+        budget=preset.budget if budget is None else budget,
+        sw_ratio=sw_ratio,
+        block_size=block_size,
+        arm_ages=ages,
+        dataset=dataset,
+    )
+    try:
+        settings.cache_policy("rift-stat")
+    except ValueError as error:
+        bad_option("--budget", str(error))
+    if mode == "closed":
+        if not policy:
+            bad_option("--policy", "closed mode needs at least one policy (e.g. --policy stat --policy periodic:128)")
+        labels = []
+        for spec in policy:
+            try:
+                labels.append(resolve_closed_policy(spec, settings).label)
+            except ValueError as error:
+                bad_option("--policy", str(error))
+        if len(set(labels)) != len(labels):
+            bad_option("--policy", f"duplicate policies {labels}")
+    elif policy:
+        bad_option("--policy", "only --mode closed runs policies (probe mode records every arm)")
+    _check_writable(out / "manifest.json", "--out")
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
     from rift_ada.collectors.targets_io import targets_provenance
-    from rift_ada.collectors.trace_io import parse_shard
 
-    try:
-        shard = resolve_shard(shard)
-        parse_shard(shard)
-        pair = load_pair(model, device=device)
-        requests = load_requests(dataset, pair.tokenizer, limit=limit)
-        settings = CollectSettings(
-            draft=pair.preset.draft,
-            target=pair.preset.target_name,
+    pair = load_pair(model, device=device, device_map=device_map)
+    requests = load_requests(dataset, pair.tokenizer, limit=limit)
+    with _progress() as progress:
+        targets_path = targets_file or out.parent / f"{out.name}-targets.parquet"
+        rows = ensure_targets(
+            pair,
+            requests,
+            targets_path,
             temperature=temp,
             seed=seed,
-            budget=budget or pair.preset.budget,
-            sw_ratio=sw_ratio,
-            block_size=block_size,
-            arm_ages=tuple(int(age) for age in arm_ages.split(",")),
-            dataset=dataset,
+            max_new_tokens=max_new_tokens,
+            extend=extend_targets,
+            shard=shard,
+            on_request=progress.request_callback("targets", len(requests)),
         )
-        with _progress() as progress:
-            targets_path = targets_file or out.parent / f"{out.name}-targets.parquet"
-            task = progress.add_task("targets", total=len(requests), rate="")
-            rows = ensure_targets(
-                pair,
-                requests,
-                targets_path,
-                temperature=temp,
-                seed=seed,
-                max_new_tokens=max_new_tokens,
-                extend=extend_targets,
-                shard=shard,
-                on_request=_TokenRate(progress, task),
-            )
-            progress.update(task, completed=len(requests))
-            task = progress.add_task(f"collect {mode}", total=len(requests), rate="")
-            summary = run_collection(
-                pair,
-                requests,
-                rows,
-                out,
-                settings,
-                mode=mode,
-                policies=policy or [],
-                shard=shard,
-                on_request=_TokenRate(progress, task),
-                extra_manifest={"targets": targets_provenance(targets_path)},
-            )
-    except (ValueError, OSError) as error:
-        _fail(error)
+        progress.complete("targets")
+        summary = run_collection(
+            pair,
+            requests,
+            rows,
+            out,
+            settings,
+            mode=mode,
+            policies=policy or [],
+            shard=shard,
+            on_request=progress.request_callback(f"collect {mode}", len(requests)),
+            extra_manifest={
+                "targets": targets_provenance(targets_path),
+                **({"device_map": device_map} if device_map else {}),
+            },
+        )
     console.print(
-        f"{summary.mode}: {summary.collected} requests collected, {summary.skipped} already complete, "
-        f"{summary.output_tokens} output tokens -> [bold]{summary.out_dir}[/bold]"
+        Text.assemble(
+            f"{summary.mode}: {summary.collected} requests collected, {summary.skipped} already complete, "
+            f"{summary.output_tokens} output tokens -> ",
+            (str(summary.out_dir), "bold"),
+        )
     )
 
 
@@ -268,28 +425,52 @@ def evaluate(
         Path | None, typer.Option(help="Closed-loop run directory: print replay-vs-closed fidelity.")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the results as JSON here.")] = None,
+    json_output: JsonOption = False,
     allow_partial: Annotated[
         bool, typer.Option(help="Use a collection with fewer committed requests than its manifest lists.")
     ] = False,
 ) -> None:
     """Replay policies on probe traces (and compare with a closed-loop run of the same policies)."""
     from rift_ada.calibrate.evaluation import evaluate_run
-    from rift_ada.collectors.trace_io import check_complete
+    from rift_ada.collectors.trace_io import check_complete, read_manifest
+    from rift_ada.policies.evaluate import resolve_policy_spec
 
-    try:
-        for trace_dir in (traces, closed):
-            if trace_dir is not None:
-                _report_partial(check_complete(trace_dir, allow_partial=allow_partial), trace_dir)
-        results = evaluate_run(traces, policy or ["stat", "periodic:128", "full"], closed_dir=closed)
-    except (ValueError, OSError) as error:
-        _fail(error)
-    table = Table(title=f"Replay on {traces}")
+    specs = policy or ["stat", "periodic:128", "full"]
+    for spec in specs:
+        try:
+            resolve_policy_spec(spec)
+        except ValueError as error:
+            bad_option("--policy", str(error))
+    for option, directory, wanted in (("--traces", traces, "probe"), ("--closed", closed, "closed")):
+        if directory is None:
+            continue
+        try:
+            mode = read_manifest(directory)["mode"]
+        except ValueError as error:
+            bad_option(option, str(error))
+        if mode != wanted:
+            bad_option(option, f"{directory} holds {mode} traces; {option} takes a {wanted} trace directory")
+    if out is not None:
+        _check_writable(out, "--out")
+    for directory in (traces, closed):
+        if directory is not None:
+            _report_partial(check_complete(directory, allow_partial=allow_partial), directory)
+    results = evaluate_run(traces, specs, closed_dir=closed)
+    if out is not None:
+        from rift_ada.collectors.collect import save_json
+
+        save_json(out, results)
+    if json_output:
+        _print_json(results)
+        return
+    table = Table(title=Text(f"Replay on {traces}"))
+    labels = [str(row["policy"]) for row in results["policies"]]
     for column in ("policy", "mean AL", "% of full", "refreshes / 1K", "closed AL", "closed ref/1K", "AL gap"):
-        table.add_column(column)
+        table.add_column(column, **_full_width(column, labels, "policy"))
     for row in results["policies"]:
         fid = row.get("fidelity") or {}
         table.add_row(
-            row["policy"],
+            _text(row["policy"]),
             f"{row['mean_al']:.3f}",
             _pct(row.get("al_fraction_of_full")),
             f"{row['refreshes_per_1k']:.2f}",
@@ -297,19 +478,21 @@ def evaluate(
             _num(fid.get("closed_refreshes_per_1k"), 2),
             _num(fid.get("al_gap")),
         )
-    console.print(table)
+    _print_table(table)
     if out is not None:
-        from rift_ada.collectors.collect import save_json
-
-        save_json(out, results)
-        console.print(f"wrote {out}")
+        console.print(_text(f"wrote {out}"))
 
 
 def _report_partial(status: dict[str, Any], trace_dir: Path) -> None:
+    """Say so (on stderr) when an allowed partial collection is used."""
     if status.get("partial"):
-        console.print(
-            f"[yellow]partial collection:[/yellow] {status['n_requests_committed']} of "
-            f"{status['n_requests_expected']} requests committed in {trace_dir}"
+        from rift_ada.cli._errors import stderr_console
+
+        stderr_console.print(
+            _text(
+                f"partial collection: {status['n_requests_committed']} of "
+                f"{status['n_requests_expected']} requests committed in {trace_dir}"
+            )
         )
 
 
@@ -330,86 +513,124 @@ def calibrate(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory for report, study and controller.")] = None,
     controller_out: Annotated[Path | None, typer.Option("--controller", help="Controller JSON path.")] = None,
-    trials: Annotated[int, typer.Option(help="Search trials (baselines come on top).")] = 200,
-    timeout: Annotated[float | None, typer.Option(help="Stop the study after this many seconds.")] = None,
+    trials: Annotated[int, typer.Option(min=0, help="Search trials (baselines come on top).")] = 200,
+    timeout: Annotated[
+        float | None, typer.Option(callback=_positive, help="Stop the study after this many seconds.")
+    ] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: SQLite in the run dir).")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes filling the study.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of splits, sampler and bootstrap.")] = 0,
-    reference_interval: Annotated[int, typer.Option(help="Periodic Δ whose AL the controller must match.")] = 128,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes filling the study.")] = 1,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of splits, sampler and bootstrap.")] = 0,
+    reference_interval: Annotated[
+        int, typer.Option(min=1, help="Periodic Δ whose AL the controller must match.")
+    ] = 128,
+    json_output: JsonOption = False,
     allow_partial: Annotated[
         bool, typer.Option(help="Use a collection with fewer committed requests than its manifest lists.")
     ] = False,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
-    from rift_ada.calibrate.pipeline import calibrate as run_calibration
-    from rift_ada.calibrate.pipeline import check_traces_match
-    from rift_ada.collectors.trace_io import check_complete, manifest_hash, read_probe_traces
-    from rift_ada.models import resolve_preset
-
+    preset = _check_model(model)
     name = f"{model}-T{temp:g}"
     traces = traces or Path("runs") / name / "probe"
     out = out or Path("runs") / name / "calibration"
     controller_out = controller_out or Path("controllers") / f"{name}.json"
+    from rift_ada.collectors.trace_io import read_manifest
+
     try:
-        preset = resolve_preset(model)
-        _report_partial(check_complete(traces, allow_partial=allow_partial), traces)
-        probe = read_probe_traces(traces)
-        check_traces_match(probe.manifest, preset.draft, preset.target_name, temp)
-        with _progress() as progress:
-            task = progress.add_task("calibrate", total=None, rate="")
+        manifest = read_manifest(traces)
+    except ValueError as error:
+        bad_option("--traces", str(error))
+    from rift_ada.calibrate.pipeline import check_traces_match
 
-            def report(stage: str, done: int, total: int | None) -> None:
-                progress.update(task, description=stage, completed=done, total=total)
+    try:
+        check_traces_match(manifest, preset.draft, preset.target_name, temp)
+    except ValueError as error:
+        bad_option("--traces", str(error))
+    _check_writable(controller_out, "--controller")
+    _check_writable(out / "report.md", "--out")
+    if storage is not None:
+        from rift_ada.calibrate.study import open_storage
 
-            result = run_calibration(
-                probe,
-                out,
-                name=name,
-                draft=preset.draft,
-                target=preset.target_name,
-                temperature=temp,
-                trials=trials,
-                timeout=timeout,
-                storage=storage,
-                workers=workers,
-                seed=seed,
-                reference_interval=reference_interval,
-                manifest_hash=manifest_hash(traces),
-                progress=report,
-            )
-    except (ValueError, OSError) as error:
-        _fail(error)
+        try:
+            open_storage(storage)
+        except Exception as error:  # any driver or URL problem: the storage named, before the study starts
+            fail(f"--storage {storage}: {describe_error(error)}")
     from rift_ada.calibrate.export import export_controller
+    from rift_ada.calibrate.pipeline import calibrate as run_calibration
+    from rift_ada.collectors.trace_io import check_complete, manifest_hash, read_probe_traces
 
+    _report_partial(check_complete(traces, allow_partial=allow_partial), traces)
+    probe = read_probe_traces(traces)
+    with _progress() as progress:
+        result = run_calibration(
+            probe,
+            out,
+            name=name,
+            draft=preset.draft,
+            target=preset.target_name,
+            temperature=temp,
+            trials=trials,
+            timeout=timeout,
+            storage=storage,
+            workers=workers,
+            seed=seed,
+            reference_interval=reference_interval,
+            manifest_hash=manifest_hash(traces),
+            progress=progress.stage_callback(),
+            log=progress.log,
+        )
     export_controller(result.controller, controller_out)
     confirmation = result.calibration["confirmation"]
+    if json_output:
+        _print_json(
+            {
+                "controller": str(controller_out),
+                "report": str(out / "report.md"),
+                "splits": result.split_sizes,
+                "confirmation": confirmation,
+            }
+        )
+        return
     table = Table(title=f"Confirmation split ({confirmation['n_requests']} requests, paired bootstrap 95% CI)")
+    names = [str(c["name"]) for c in confirmation["comparisons"]]
     for column in ("comparison", "baseline", "refresh reduction", "AL difference"):
-        table.add_column(column)
+        table.add_column(column, **_full_width(column, names, "comparison"))
     for comparison in confirmation["comparisons"]:
         reduction, difference = comparison["refresh_reduction"], comparison["al_difference"]
         table.add_row(
-            comparison["name"], comparison["baseline"],
+            _text(comparison["name"]), _text(comparison["baseline"]),
             "-" if not reduction else f"{100 * reduction['estimate']:.1f}% [{100 * (reduction['low'] or 0):.1f}, {100 * (reduction['high'] or 0):.1f}]",
             f"{difference['estimate']:+.3f} [{difference['low'] or 0:+.3f}, {difference['high'] or 0:+.3f}]",
         )
-    console.print(f"splits: {result.split_sizes}")
-    console.print(table)
-    console.print(confirmation["verdict"]["text"])
-    console.print(f"controller: [bold]{controller_out}[/bold]   report: [bold]{out / 'report.md'}[/bold]")
+    console.print(_text(f"splits: {result.split_sizes}"))
+    _print_table(table)
+    console.print(_text(confirmation["verdict"]["text"]))
+    console.print(Text.assemble("controller: ", (str(controller_out), "bold"), "   report: ", (str(out / "report.md"), "bold")))
 
 
 @app.command()
-def show(path: Annotated[Path, typer.Argument(help="Controller JSON file.")]) -> None:
+def show(
+    path: Annotated[Path, typer.Argument(help="Controller JSON file.")],
+    json_output: JsonOption = False,
+) -> None:
     """Validate and pretty-print a controller as a rule tree."""
-    from rift_ada.controller import Controller, ControllerError
+    from rift_ada.controller import Controller
     from rift_ada.policies.render import render_controller
 
-    try:
-        controller = Controller.load(path)
-    except ControllerError as error:
-        _fail(error)
-    console.print(render_controller(controller.to_dict()))
+    controller = Controller.load(path)
+    if json_output:
+        _print_json(controller.to_dict())
+        return
+    console.print(_plain_tree(render_controller(controller.to_dict())))
+
+
+def _plain_tree(tree: Any) -> Any:
+    """A rich Tree whose string labels are shown as-is (a ``[link=x]`` in a controller stays text)."""
+    if isinstance(tree.label, str):
+        tree.label = Text(tree.label)
+    for child in tree.children:
+        _plain_tree(child)
+    return tree
 
 
 @app.command()
@@ -421,39 +642,32 @@ def report(
 
     path = run / "report.md" if run.is_dir() else run
     if not path.exists():
-        _fail(FileNotFoundError(f"{path}: no report here (run `rift-ada demo` or `rift-ada calibrate` first)"))
-    console.print(Markdown(path.read_text()))
+        fail(f"{path}: no report here (run `rift-ada demo` or `rift-ada calibrate` first)")
+    Console(highlight=False).print(Markdown(path.read_text()))  # terminal width, even in a log
 
 
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/demo"),
-    size: Annotated[str, typer.Option(help="tiny (smoke test), small (default, ~15 min on 2 cores) or full.")] = "small",
+    size: Annotated[
+        DemoSize, typer.Option(help="tiny (smoke test), small (default, ~15 min on 2 cores) or full.")
+    ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
-    seed: Annotated[int, typer.Option(help="Seed of every random choice (recorded in demo.json).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of every random choice (recorded in demo.json).")] = 0,
 ) -> None:
     """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
-    from rift_ada.calibrate.demo import DEMO_SIZES, run_demo
+    _check_model(model)
+    _check_dataset(dataset)
+    _check_writable(out / "demo.json", "--out")
+    from rift_ada.calibrate.demo import run_demo
 
-    if size not in DEMO_SIZES:
-        _fail(ValueError(f"--size must be one of {', '.join(DEMO_SIZES)}"))
     with _progress() as progress:
-        tasks: dict[str, Any] = {}
-
-        def step(stage: str, done: int, total: int | None) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total, rate="")
-            progress.update(tasks[stage], completed=done, total=total)
-
-        try:
-            summary = run_demo(out, size=size, model=model, dataset=dataset, seed=seed, progress=step)
-        except (ValueError, OSError) as error:
-            _fail(error)
+        summary = run_demo(out, size=size, model=model, dataset=dataset, seed=seed, progress=progress.stage_callback())
     console.print(summary["table"])
-    console.print(f"report: [bold]{summary['report']}[/bold]")
+    console.print(Text.assemble("report: ", (str(summary["report"]), "bold")))
     for label, path in summary["controllers"].items():
-        console.print(f"controller ({label}): [bold]{path}[/bold]")
+        console.print(Text.assemble(f"controller ({label}): ", (str(path), "bold")))
 
 
 from rift_ada.cli import conformance as _conformance_cli  # noqa: E402
@@ -467,9 +681,16 @@ _conformance_cli.register(app)
 _train_cli.register(app)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds: a calibration worker marks its trials FAIL on the way out
+
+
 def main() -> None:
+    import signal
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app()
 
 

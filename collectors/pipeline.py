@@ -34,13 +34,19 @@ class LoadedPair:
         return self.target if self.target is not None else self.draft
 
 
-def load_pair(model: str, *, device: str = "cpu", dtype: str | None = None) -> LoadedPair:
-    """Load the draft (and, unless self-speculation, the target) of a preset, path or Hub id."""
+def load_pair(
+    model: str, *, device: str = "cpu", dtype: str | None = None, device_map: str | None = None
+) -> LoadedPair:
+    """Load the draft (and, unless self-speculation, the target) of a preset, path or Hub id.
+
+    ``device_map`` (e.g. ``auto``) spreads the target over several GPUs; the draft stays on ``device``.
+    """
     preset = resolve_preset(model)
-    draft, tokenizer = load_model(preset.draft, device=device, dtype=dtype)
+    draft_map = device_map if preset.self_speculation else None
+    draft, tokenizer = load_model(preset.draft, device=device, dtype=dtype, device_map=draft_map)
     target = None
     if not preset.self_speculation:
-        target, _ = load_model(preset.target_name, device=device, dtype=dtype)
+        target, _ = load_model(preset.target_name, device=device, dtype=dtype, device_map=device_map)
     return LoadedPair(preset, draft, tokenizer, target)
 
 

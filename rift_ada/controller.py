@@ -31,7 +31,9 @@ __all__ = [
     "DEFAULT_CACHE",
     "DEFAULT_SCHEDULE",
     "DEFAULT_SIGNALS",
+    "MAX_CONTROLLER_BYTES",
     "MAX_DEPTH",
+    "MAX_STRING_LENGTH",
     "OPERATORS",
     "SIGNAL_NAMES",
     "Controller",
@@ -48,6 +50,9 @@ OPERATORS: tuple[str, ...] = ("<=", "<", ">=", ">")
 POLICY_KINDS: tuple[str, ...] = ("periodic", "gate", "score")
 MAX_DEPTH = 32
 MAX_INTEGER = 2**53  # integer fields stay exact in JSON doubles and fit int64 arrays
+MAX_CONTROLLER_BYTES = 1 << 20  # a controller file larger than 1 MiB is refused before it is parsed
+MAX_STRING_LENGTH = 4096  # characters in any string (names, model ids, provenance values and keys)
+_MAX_INTEGER_DIGITS = 20  # longer integer literals are never parsed into ints (no 5,000-digit parses)
 
 DEFAULT_CACHE: dict[str, Any] = {
     "budget": 8192,
@@ -91,6 +96,29 @@ class ControllerError(ValueError):
 # Validation helpers. Each returns the normalised value (plain Python types) or raises.
 
 
+class _OversizeInteger:
+    """An integer literal too long to be a valid field (kept unparsed so the field can be named)."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+    def problem(self) -> str:
+        return f"integer out of range ({self.digits} digits; |value| must be <= 2**53)"
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr`` of a value for an error message, cut so that hostile input cannot flood it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _parse_int(text: str) -> int | _OversizeInteger:
+    return _OversizeInteger(text) if len(text) > _MAX_INTEGER_DIGITS else int(text)
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
@@ -104,6 +132,8 @@ def _describe(value: Any) -> str:
         return "a list"
     if isinstance(value, numbers.Real):
         return "a number"
+    if isinstance(value, _OversizeInteger):
+        return f"an integer of {value.digits} digits"
     return f"a {type(value).__name__}"
 
 
@@ -116,6 +146,8 @@ def _is_bool(value: Any) -> bool:
 
 
 def _number(value: Any, path: str) -> float:
+    if isinstance(value, _OversizeInteger):
+        raise ControllerError(path, value.problem())
     if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ControllerError(path, f"expected a number, got {_describe(value)}")
     try:
@@ -128,6 +160,8 @@ def _number(value: Any, path: str) -> float:
 
 
 def _integer(value: Any, path: str, minimum: int | None = None) -> int:
+    if isinstance(value, _OversizeInteger):
+        raise ControllerError(path, value.problem())
     if _is_bool(value) or not isinstance(value, numbers.Integral):
         raise ControllerError(path, f"expected an integer, got {_describe(value)}")
     result = int(value)
@@ -143,6 +177,12 @@ def _string(value: Any, path: str) -> str:
         raise ControllerError(path, f"expected a string, got {_describe(value)}")
     if not value:
         raise ControllerError(path, "must not be empty")
+    return _bounded(value, path)
+
+
+def _bounded(value: str, path: str) -> str:
+    if len(value) > MAX_STRING_LENGTH:
+        raise ControllerError(path, f"string of {len(value)} characters is longer than {MAX_STRING_LENGTH}")
     return value
 
 
@@ -153,7 +193,9 @@ def _object(value: Any, path: str, required: Sequence[str], optional: Sequence[s
     allowed = set(required) | set(optional)
     for key in value:
         if not isinstance(key, str):
-            raise ControllerError(path or "controller", f"keys must be strings, got {key!r}")
+            raise ControllerError(path or "controller", f"keys must be strings, got {_shown(key)}")
+        if key not in allowed and len(key) > MAX_STRING_LENGTH:
+            raise ControllerError(path or "controller", f"unknown key {_shown(key)}")
         if key not in allowed:
             raise ControllerError(_join(path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
     for key in required:
@@ -166,19 +208,22 @@ def _plain_json(value: Any, path: str, depth: int) -> Any:
     """Copy of a free-form JSON value (calibration provenance): finite numbers, bounded nesting."""
     if depth > MAX_DEPTH:
         raise ControllerError(path, f"nesting deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, str):
+    if value is None:
         return value
+    if isinstance(value, str):
+        return _bounded(value, path)
     if _is_bool(value):
         return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
+    if isinstance(value, (numbers.Integral, _OversizeInteger)):
+        return _integer(value, path)
     if isinstance(value, numbers.Real):
         return _number(value, path)
     if isinstance(value, Mapping):
         result = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ControllerError(path, f"keys must be strings, got {key!r}")
+                raise ControllerError(path, f"keys must be strings, got {_shown(key)}")
+            _bounded(key, path)
             result[key] = _plain_json(item, _join(path, key), depth + 1)
         return result
     if isinstance(value, (list, tuple)):
@@ -190,7 +235,7 @@ def _signal(value: Any, path: str) -> str:
     if not isinstance(value, str):
         raise ControllerError(path, f"expected a signal name, got {_describe(value)}")
     if value not in SIGNAL_INDEX:
-        raise ControllerError(path, f"unknown signal {value!r} (known: {', '.join(SIGNAL_NAMES)})")
+        raise ControllerError(path, f"unknown signal {_shown(value)} (known: {', '.join(SIGNAL_NAMES)})")
     return value
 
 
@@ -246,7 +291,7 @@ def _validate_gate_node(node: Any, path: str, depth: int) -> dict[str, Any]:
     op = node["op"]
     if not isinstance(op, str) or op not in OPERATORS:
         shown = op if isinstance(op, str) else _describe(op)
-        raise ControllerError(_join(path, "op"), f"unknown operator {shown!r} (allowed: {' '.join(OPERATORS)})")
+        raise ControllerError(_join(path, "op"), f"unknown operator {_shown(shown)} (allowed: {' '.join(OPERATORS)})")
     return {
         "signal": _signal(node["signal"], _join(path, "signal")),
         "op": op,
@@ -314,7 +359,7 @@ def validate_policy(value: Any) -> dict[str, Any]:
         raise ControllerError("policy.kind", "missing required field")
     kind = value["kind"]
     if not isinstance(kind, str) or kind not in POLICY_KINDS:
-        raise ControllerError("policy.kind", f"unknown policy kind {kind!r} (known: {', '.join(POLICY_KINDS)})")
+        raise ControllerError("policy.kind", f"unknown policy kind {_shown(kind)} (known: {', '.join(POLICY_KINDS)})")
     if kind == "periodic":
         obj = _object(value, path, ("kind", "interval"))
         return {"kind": kind, "interval": _integer(obj["interval"], "policy.interval", 1)}
@@ -345,10 +390,10 @@ def validate_controller_dict(data: Any) -> dict[str, Any]:
     obj = _object(data, "", _TOP_REQUIRED, _TOP_OPTIONAL)
     fmt = obj["format"]
     if fmt != CONTROLLER_FORMAT:
-        raise ControllerError("format", f"expected {CONTROLLER_FORMAT!r}, got {fmt!r}")
+        raise ControllerError("format", f"expected {CONTROLLER_FORMAT!r}, got {_shown(fmt)}")
     version = obj["version"]
     if _is_bool(version) or not isinstance(version, numbers.Integral) or int(version) != CONTROLLER_VERSION:
-        raise ControllerError("version", f"unsupported version {version!r} (this loader reads version 1)")
+        raise ControllerError("version", f"unsupported version {_shown(version)} (this loader reads version 1)")
     temperature = _number(obj["temperature"], "temperature")
     if temperature < 0.0:
         raise ControllerError("temperature", f"must be >= 0, got {temperature}")
@@ -515,19 +560,23 @@ class Controller:
         """Read and validate a controller JSON file; raises ControllerError naming the file or field."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as handle:  # read at most the limit (+1 byte to detect a larger file)
+                raw = handle.read(MAX_CONTROLLER_BYTES + 1)
+            if len(raw) > MAX_CONTROLLER_BYTES:
+                raise ControllerError(str(path), f"controller file larger than {MAX_CONTROLLER_BYTES} bytes (1 MiB)")
+            text = raw.decode("utf-8")
         except FileNotFoundError:
             raise ControllerError(str(path), "controller file not found") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ControllerError(str(path), f"cannot read controller file: {exc}") from None
         try:
-            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_int=_parse_int)
         except json.JSONDecodeError as exc:
             raise ControllerError(str(path), f"not valid JSON: {exc}") from None
         except RecursionError:
             raise ControllerError(str(path), "JSON nesting too deep") from None
         except _DuplicateKey as exc:
-            raise ControllerError(str(path), f"duplicate key {exc.args[0]!r}") from None
+            raise ControllerError(str(path), f"duplicate key {_shown(exc.args[0])}") from None
         try:
             return cls.from_dict(data)
         except ControllerError as exc:

@@ -164,37 +164,74 @@ def _save_dequantized(model: Any, tokenizer: Any, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
-def load_model(model_id: str, *, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
+def _converted_smollm2() -> Path:
+    """The embedded GGUF, de-quantised once to safetensors under ``$RIFT_ADA_CACHE`` (reused after)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    converted = _cache_dir() / "smollm2-135m"
+    if not (converted / "config.json").exists():
+        gguf = smollm2_gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        staging = converted.with_name(converted.name + f".tmp{os.getpid()}")
+        _save_dequantized(model, tokenizer, staging)
+        converted.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # another process converted it first
+            os.replace(staging, converted)
+    return converted
+
+
+def _not_found(model_id: str, error: Exception) -> ModelError:
+    return ModelError(
+        f"cannot load {model_id!r}: not a local directory and not in the Hugging Face cache. "
+        f"Download it first on a machine with network access (hf download {model_id}) "
+        "or pass a local directory."
+    )
+
+
+def load_tokenizer(model_id: str) -> Any:
+    """Only the tokenizer of a preset's model string, a local directory or a cached Hub id (no weights)."""
+    from transformers import AutoTokenizer
+
+    if model_id.startswith(f"{SMOLLM2_PACKAGE}:"):
+        converted = _cache_dir() / "smollm2-135m"
+        if not (converted / "config.json").exists():
+            gguf = smollm2_gguf_path()
+            return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model_id = str(converted)
+    offline = not Path(model_id).exists()
+    try:
+        return AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
+    except OSError as error:
+        raise _not_found(model_id, error) from error
+
+
+def load_model(
+    model_id: str, *, device: str = "cpu", dtype: str | None = None, device_map: str | None = None
+) -> tuple[Any, Any]:
     """Load (model, tokenizer) for a preset's model string, a local directory or a cached Hub id.
 
     The embedded GGUF is de-quantised once and kept as safetensors under ``$RIFT_ADA_CACHE``
-    (default ``~/.cache/rift-ada``) so later loads take seconds.
+    (default ``~/.cache/rift-ada``) so later loads take seconds. ``device_map`` (e.g. ``"auto"``)
+    is passed to ``from_pretrained`` so a model larger than one GPU is spread over several (this
+    needs the ``accelerate`` package); ``device`` is then ignored.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     if model_id.startswith(f"{SMOLLM2_PACKAGE}:"):
-        converted = _cache_dir() / "smollm2-135m"
-        if not (converted / "config.json").exists():
-            gguf = smollm2_gguf_path()
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            staging = converted.with_name(converted.name + f".tmp{os.getpid()}")
-            _save_dequantized(model, tokenizer, staging)
-            converted.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):  # another process converted it first
-                os.replace(staging, converted)
-        model_id = str(converted)
+        model_id = str(_converted_smollm2())
     offline = not Path(model_id).exists()
+    placement: dict[str, Any] = {} if device_map is None else {"device_map": device_map}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch_dtype, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_id, dtype=torch_dtype, local_files_only=offline, **placement
+        )
     except OSError as error:
-        raise ModelError(
-            f"cannot load {model_id!r}: not a local directory and not in the Hugging Face cache. "
-            f"Download it first on a machine with network access (huggingface-cli download {model_id}) "
-            "or pass a local directory."
-        ) from error
-    model.to(device).eval()
+        raise _not_found(model_id, error) from error
+    if device_map is None:
+        model.to(device)
+    model.eval()
     return model, tokenizer

@@ -27,7 +27,7 @@ def test_presets_follow_the_paper_settings():
 def test_missing_hub_model_says_what_to_download(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    with pytest.raises(ModelError, match="huggingface-cli download"):
+    with pytest.raises(ModelError, match="hf download"):
         load_model("nobody/not-a-cached-model")
 
 

@@ -1,0 +1,83 @@
+"""Big-model loading through the CLI: a device map passed to from_pretrained and recorded; tokenizer-only imports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+import rift_ada.collectors.pipeline as pipeline
+import rift_ada.models as models
+from rift_ada.cli.app import app
+from rift_ada.collectors.targets_io import read_targets
+from rift_ada.models import PRESETS, load_model, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A 2-layer random llama with the embedded SmolLM2 tokenizer (loaded alone: no 135M weights)."""
+    tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"id": "r1", "prompt": "List three prime numbers and explain why each one is prime, step by step."}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_load_model_passes_the_device_map(tiny_dir, monkeypatch):
+    calls = []
+    from_pretrained = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("device_map"))
+        return from_pretrained(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    placed, _ = load_model(str(tiny_dir), device="meta", device_map="cpu")
+    moved, _ = load_model(str(tiny_dir), device="meta")
+    assert calls == ["cpu", None]
+    # With a device map transformers places the weights and `device` is not applied after.
+    assert next(placed.parameters()).device.type == "cpu"
+    assert next(moved.parameters()).device.type == "meta"
+
+
+def test_collect_records_the_device_map_in_the_manifest(tiny_dir, prompts, tmp_path):
+    out = tmp_path / "traces"
+    arguments = ["collect", "--model", tiny_dir, "--dataset", f"jsonl:{prompts}", "--out", out, "--budget", "64",
+                 "--arm-ages", "0,8", "--max-new-tokens", "12", "--device-map", "cpu"]  # fmt: skip
+    result = CliRunner().invoke(app, [str(a) for a in arguments])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "manifest.json").read_text())["device_map"] == "cpu"
+    assert "[collect probe] 1/1 requests (100%)" in result.stderr  # progress lines in a log
+
+
+def test_targets_import_loads_only_the_tokenizer(tiny_dir, prompts, tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for an import")
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    monkeypatch.setattr(pipeline, "load_model", no_model)
+    monkeypatch.setattr(pipeline, "load_pair", no_model)
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text(json.dumps({"id": "r1", "response": "2, 3 and 5: each has no divisor but 1 and itself."}))
+    out = tmp_path / "targets.parquet"
+    arguments = ["targets", "--model", tiny_dir, "--dataset", f"jsonl:{prompts}", "--import", responses, "--out", out]
+    result = CliRunner().invoke(app, [str(a) for a in arguments])
+    assert result.exit_code == 0, result.output
+    rows = read_targets(out)
+    assert [row["request_id"] for row in rows] == ["r1"] and len(rows[0]["response_token_ids"]) > 5

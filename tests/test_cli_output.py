@@ -1,0 +1,116 @@
+"""CLI output for people and scripts: --json, tables that never cut what a user must type, progress in logs."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import typing
+
+from rich.console import Console
+from test_cli_errors import imported, invoke, model_dir, no_model_loads, probe_dir  # noqa: F401
+from test_controller_validation import valid_examples
+
+from rift_ada.calibrate.demo import DEMO_SIZES
+from rift_ada.cli._progress import ProgressReporter
+from rift_ada.cli.app import DemoSize
+from rift_ada.collectors.datasets import list_datasets
+from rift_ada.models import PRESETS
+
+
+def test_models_and_datasets_print_full_names_and_json():
+    table, _ = invoke(["models"])  # CliRunner's stdout is not a terminal, like `rift-ada models | cat`
+    assert table.exit_code == 0
+    for preset in PRESETS.values():
+        assert preset.name in table.stdout and preset.draft in table.stdout
+        assert preset.target is None or preset.target in table.stdout
+    listed, _ = invoke(["models", "--json"])
+    assert [row["name"] for row in json.loads(listed.stdout)] == list(PRESETS)
+    table, _ = invoke(["datasets"])
+    names = [entry["name"] for entry in list_datasets()]
+    assert all(name in table.stdout for name in names)
+    listed, _ = invoke(["datasets", "--json"])
+    assert [row["name"] for row in json.loads(listed.stdout)] == names
+
+
+def test_evaluate_prints_policy_names_whole_and_json(probe_dir, tmp_path):  # noqa: F811
+    controller = copy.deepcopy(valid_examples()[2])  # periodic
+    controller["name"] = "a-long-controller-name-that-a-user-copies-into-scripts-[v2]"
+    controller["temperature"] = 0.0
+    path = tmp_path / "controller.json"
+    path.write_text(json.dumps(controller))
+    arguments = ["evaluate", "--traces", probe_dir, "--policy", "periodic:64", "--policy", "stat", "--policy", path]
+    table, _ = invoke(arguments)
+    assert table.exit_code == 0, table.output
+    assert "periodic:64" in table.stdout and controller["name"] in table.stdout
+    as_json, _ = invoke([*arguments, "--json"])
+    rows = json.loads(as_json.stdout)["policies"]
+    assert [row["policy"] for row in rows] == ["periodic:64", "stat", controller["name"]]
+    table_al = [line for line in table.stdout.splitlines() if "periodic:64" in line][0]
+    assert f"{rows[0]['mean_al']:.3f}" in table_al
+
+
+def test_calibrate_json_and_progress_lines(probe_dir, model_dir, tmp_path):  # noqa: F811
+    controller = tmp_path / "controller.json"
+    arguments = ["calibrate", "-m", model_dir, "-t", "0", "--traces", probe_dir, "--out", tmp_path / "run",
+                 "--controller", controller, "--trials", "6", "--json"]  # fmt: skip
+    result, _ = invoke(arguments)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # stdout holds the JSON only; progress went to stderr
+    assert data["controller"] == str(controller) and controller.exists()
+    assert data["confirmation"]["comparisons"] and "splits" in data
+    progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert any(line.startswith("[study] ") for line in progress)
+    assert progress[-1].endswith("done")
+
+
+def test_progress_in_a_log_is_one_line_per_request_with_rate_and_eta(monkeypatch):
+    clock = iter([0.0, 2.0, 4.0, 6.0])
+    monkeypatch.setattr("rift_ada.cli._progress.time.monotonic", lambda: next(clock))
+    buffer = io.StringIO()
+    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=0) as progress:
+        finished = progress.request_callback("targets", 3)
+        for request_id in ("a", "b", "c"):
+            finished(request_id, 100)
+    lines = buffer.getvalue().splitlines()
+    assert lines == [
+        "[targets] 1/3 requests (33%) | 0.50 requests/s | 50.0 tok/s | elapsed 2s | ETA 4s",
+        "[targets] 2/3 requests (67%) | 0.50 requests/s | 50.0 tok/s | elapsed 4s | ETA 2s",
+        "[targets] 3/3 requests (100%) | 0.50 requests/s | 50.0 tok/s | elapsed 6s | done",
+    ]
+
+
+def test_fast_stages_are_throttled_but_always_finish():
+    buffer = io.StringIO()
+    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=3600) as progress:
+        report = progress.stage_callback()
+        for done in range(1, 101):
+            report("study", done, 100)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[study] 1/100") and lines[1].startswith("[study] 100/100")
+
+
+def test_demo_sizes_match_the_library():
+    assert set(typing.get_args(DemoSize)) == set(DEMO_SIZES)
+
+
+def test_docs_cli_md_is_generated_from_the_app():
+    from pathlib import Path
+
+    from rift_ada.cli.reference import CONVENTIONS, cli_reference
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+    assert docs.read_text() == CONVENTIONS + cli_reference(), "run make docs"
+
+
+def test_bars_on_a_terminal():
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120, force_terminal=True)
+    with ProgressReporter(console) as progress:
+        assert progress.live
+        finished = progress.request_callback("collect [probe]", 2)  # markup-like names stay text
+        finished("a", 10)
+        finished("b", 10)
+        progress.stage_callback()("study", 5, None)
+    shown = buffer.getvalue()
+    assert "collect [probe]" in shown and "2/2" in shown

@@ -1,0 +1,77 @@
+"""A calibration worker killed by SIGKILL leaves no trial RUNNING for ever: a rerun fails and retries them."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import optuna
+from optuna.trial import TrialState
+from test_study_workers import _task
+
+from rift_ada.calibrate.study import BASELINE_ATTR, open_storage, run_study
+
+# Runs the study and kills itself (SIGKILL: no cleanup, no `tell`) in the middle of its third batch.
+KILLED_WORKER = """
+import os, pathlib, pickle, signal, sys
+from rift_ada.calibrate.study import run_study
+task = pickle.loads(pathlib.Path(sys.argv[1]).read_bytes())
+evaluate, calls = task.evaluator.evaluate_many, []
+def evaluate_then_die(policies):
+    calls.append(1)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return evaluate(policies)
+task.evaluator.evaluate_many = evaluate_then_die
+run_study(task)
+"""
+
+
+def test_rerun_after_sigkill_completes_exactly_the_budget(tmp_path):
+    task = replace(_task(f"sqlite:///{tmp_path / 'study.db'}", n_trials=30), heartbeat_interval=1, grace_period=2)
+    (tmp_path / "task.pkl").write_bytes(pickle.dumps(task))
+    killed = subprocess.run([sys.executable, "-c", KILLED_WORKER, str(tmp_path / "task.pkl")], timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    storage = open_storage(task.storage)
+    before = optuna.load_study(study_name=task.study_name, storage=storage).get_trials(deepcopy=False)
+    running = [t for t in before if t.state == TrialState.RUNNING]
+    assert len(running) == task.batch_size  # the killed batch is left RUNNING
+
+    start = time.monotonic()
+    run_study(task)
+    rerun_s = time.monotonic() - start
+    study = optuna.load_study(study_name=task.study_name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    assert states.count(TrialState.COMPLETE) == task.total_trials
+    assert TrialState.RUNNING not in states and TrialState.WAITING not in states
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert sorted(t.number for t in failed) == sorted(t.number for t in running)  # exactly the killed trials
+    # Each killed trial was retried once, with its parameters and labels (a baseline stays that baseline).
+    retries = {t.system_attrs["failed_trial"]: t for t in trials if "failed_trial" in t.system_attrs}
+    assert set(retries) == {t.number for t in running}
+    for original in running:
+        retry = retries[original.number]
+        assert retry.state == TrialState.COMPLETE and retry.params == original.params
+        assert retry.user_attrs.get(BASELINE_ATTR) == original.user_attrs.get(BASELINE_ATTR)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    baselines = [t.user_attrs[BASELINE_ATTR] for t in complete if BASELINE_ATTR in t.user_attrs]
+    assert sorted(baselines) == sorted(task.baselines)
+    assert rerun_s < 30  # one grace period (2 s) plus the work, not a 120 s wait
+
+
+def test_a_trial_killed_right_after_ask_still_goes_stale(tmp_path):
+    """The first heartbeat is written with the RUNNING trial itself, not after ``ask`` returns."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    asked = study.ask()
+    asked.suggest_float("x", 0.0, 1.0)  # as if the worker died here, before recording any heartbeat
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].params == trials[0].params and trials[1].system_attrs["failed_trial"] == asked.number
