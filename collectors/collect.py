@@ -140,8 +140,8 @@ def _check_controller_settings(controller: dict[str, Any], settings: CollectSett
     wanted = settings.cache_json()
     problems = [
         f"cache.{key} is {controller['cache'][key]!r}, the run uses {wanted[key]!r}"
-        for key in ("budget", "sw_ratio", "obs_window")
-        if controller["cache"][key] != wanted[key]
+        for key in ("budget", "sw_ratio", "obs_window", "block_size", "scorer")
+        if controller["cache"].get(key) != wanted[key]
     ]
     if controller["schedule"]["decision_stride"] != settings.decision_stride:
         problems.append(

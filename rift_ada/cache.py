@@ -24,6 +24,7 @@ from transformers.cache_utils import DynamicLayer
 from rift_ada.attention import PendingAttention, install, set_pending
 from rift_ada.budget import CachePolicy, validate
 from rift_ada.scorers import H2OScorer, SnapKVScorer, select_topk
+from rift_ada.scorers.topk import topk_lowest_first
 
 
 class CacheError(ValueError):
@@ -296,7 +297,7 @@ class BudgetedLayer(DynamicLayer):
             self.selection = candidates
             return
         scores = self.heavy_scores.gather(2, candidates)
-        keep = torch.topk(scores, self.capacity, dim=-1).indices
+        keep = topk_lowest_first(scores, self.capacity)
         self.selection = torch.sort(candidates.gather(2, keep), dim=-1).values
 
     def _retained_mass(self, probs: torch.Tensor, pending: PendingAttention) -> torch.Tensor:
