@@ -438,15 +438,11 @@ class BudgetedCache(DynamicCache):
 
     def query_summary(self) -> list[list[list[float]]] | None:
         """Per full-attention layer, per KV group: mean pre-RoPE query since the last call."""
-        summaries = [layer.pop_query_summary() for layer in self.budgeted_layers]
-        if any(summary is None for summary in summaries):
-            return None
-        return [summary[0].tolist() for summary in summaries]
+        return layers_query_summary(self.budgeted_layers)
 
     def retained_mass(self, n_queries: int = 8) -> float:
         """Share of full-KV attention that the current working sets hold (mean over layers, heads, queries)."""
-        masses = [layer.current_retained_mass(n_queries) for layer in self.budgeted_layers]
-        return float(sum(masses) / len(masses))
+        return layers_retained_mass(self.budgeted_layers, n_queries)
 
     def snapshot(self) -> list[Any]:
         """State to roll the cache back to (rejected draft tokens must leave the cache)."""
@@ -454,6 +450,20 @@ class BudgetedCache(DynamicCache):
 
     def restore(self, states: list[Any]) -> None:
         restore_cache(self, states)
+
+
+def layers_query_summary(layers: list[BudgetedLayer]) -> list[list[list[float]]] | None:
+    """Per layer, per KV group: mean pre-RoPE query (batch row 0) since the last call; None if none."""
+    summaries = [layer.pop_query_summary() for layer in layers]
+    if any(summary is None for summary in summaries):
+        return None
+    return [summary[0].tolist() for summary in summaries]
+
+
+def layers_retained_mass(layers: list[BudgetedLayer], n_queries: int = 8) -> float:
+    """Mean over ``layers`` of the full-KV attention mass their working sets hold."""
+    masses = [layer.current_retained_mass(n_queries) for layer in layers]
+    return float(sum(masses) / len(masses))
 
 
 def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCache:

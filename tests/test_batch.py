@@ -1,0 +1,133 @@
+"""Batches of requests: each request of a batch does exactly what it does alone; refreshes stay in their row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_models import VOCAB, tiny_model
+
+from rift_ada.budget import make_policy
+from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate, speculative_generate_batch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny models run many small forwards: extra threads only spin (and others share the CPUs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _mixed_requests(forced: list[int]) -> list[BatchRequest]:
+    """Mixed prompt lengths, policies, output lengths and refresh schedules; one teacher-forced request."""
+    stat = make_policy("rift-stat", budget=16, obs_window=8)
+    prompt = _prompt(40, 44)
+    return [
+        BatchRequest(prompt, stat, max_new_tokens=30, refresh_hook=PeriodicRefresh(6)),
+        BatchRequest(prompt, stat, max_new_tokens=30, refresh_hook=PeriodicRefresh(13)),  # same request, other policy
+        BatchRequest(_prompt(41, 23), make_policy("snapkv", budget=12, obs_window=8), max_new_tokens=17),
+        BatchRequest(_prompt(42, 61), make_policy("h2o", budget=16, obs_window=8), max_new_tokens=24),
+        BatchRequest(_prompt(43, 9), make_policy("swa", budget=16), max_new_tokens=11),
+        BatchRequest(_prompt(44, 35), stat, forced_tokens=forced, refresh_hook=PeriodicRefresh(9)),
+    ]
+
+
+def _alone(model, request: BatchRequest, **kwargs):
+    hook = request.refresh_hook
+    fresh = PeriodicRefresh(hook.interval) if isinstance(hook, PeriodicRefresh) else hook
+    return speculative_generate(
+        model,
+        request.prompt_ids,
+        policy=request.policy,
+        max_new_tokens=request.max_new_tokens,
+        seed=request.seed,
+        refresh_hook=fresh,
+        forced_tokens=request.forced_tokens,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h"])
+def test_each_request_of_a_batch_equals_the_request_alone(architecture):
+    model = tiny_model(architecture, seed=7)
+    forced = _prompt(45, 20)
+    requests = _mixed_requests(forced)
+    batched = speculative_generate_batch(model, requests, draft_length=4)
+    for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
+        alone = _alone(model, request, draft_length=4)
+        label = f"{architecture} request {index}"
+        assert got.tokens == alone.tokens, label
+        assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
+        assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
+        entropies = [value for r in got.rounds for value in r.draft_entropies]
+        assert entropies == pytest.approx([value for r in alone.rounds for value in r.draft_entropies], abs=1e-4)
+        assert len(got.tokens) == (len(forced) if request.forced_tokens else request.max_new_tokens)
+    assert batched[5].tokens == forced
+    refreshed = [[r.position for r in result.rounds if r.refreshed] for result in batched[:2]]
+    assert refreshed[0] and refreshed[1] and refreshed[0] != refreshed[1]  # refreshes at different rounds
+    assert sum(r.accepted for r in batched[0].rounds) < 30  # compression really costs acceptances
+
+
+def test_refreshing_one_request_leaves_the_others_selections_unchanged():
+    from rift_ada.batch_cache import BatchedCache
+    from rift_ada.cache import make_draft_cache
+    from rift_ada.speculative import forward_rows
+
+    model = tiny_model("llama", seed=8)
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    prompts = [_prompt(50 + index, length) for index, length in enumerate((40, 52, 33))]
+    caches = []
+    with torch.no_grad():
+        for prompt in prompts:
+            cache = make_draft_cache(model, policy)
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+            caches.append(cache)
+        batch = BatchedCache.join(model, caches)
+        starts = [len(prompt) for prompt in prompts]
+        for step in range(12):  # new queries move the attention away from the prefill's
+            feeds = [[int(token)] for token in torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(step))]
+            forward_rows(model, batch, feeds, [start + step for start in starts])
+        before = [[selection.clone() for selection in batch.row(row).selections()] for row in range(3)]
+        batch.refresh_row(1)
+        after = [batch.row(row).selections() for row in range(3)]
+    for row in (0, 2):
+        for old, new in zip(before[row], after[row], strict=True):
+            assert torch.equal(old, new)
+    assert any(not torch.equal(old, new) for old, new in zip(before[1], after[1], strict=True))
+
+
+def test_batched_free_running_t1_keeps_the_target_distribution():
+    """Chi-square of the first committed token of two prompts (different positions, one batch)."""
+    draft = tiny_model("llama", seed=21)
+    target = tiny_model("llama", seed=22)
+    with torch.no_grad():
+        for model in (draft, target):
+            model.get_output_embeddings().weight.mul_(2.0)
+    prompts = [[3, 17, 42, 8, 9, 60, 1, 5], [11, 4, 70, 2, 33, 9, 12, 50, 6, 21, 8, 19, 40]]
+    with torch.no_grad():
+        probs = [torch.softmax(target(torch.tensor([p])).logits[0, -1].double(), -1) for p in prompts]
+        draft_probs = [torch.softmax(draft(torch.tensor([p])).logits[0, -1].double(), -1) for p in prompts]
+    n_runs, batch = 400, 100
+    counts = [torch.zeros(VOCAB), torch.zeros(VOCAB)]
+    for first in range(0, 2 * n_runs, batch):
+        requests = [
+            BatchRequest(prompts[seed % 2], make_policy("swa", budget=4), max_new_tokens=3 + seed % 3, seed=seed)
+            for seed in range(first, first + batch)
+        ]
+        results = speculative_generate_batch(draft, requests, target_model=target, draft_length=3, temperature=1.0)
+        for request, result in zip(requests, results, strict=True):
+            counts[request.seed % 2][result.tokens[0]] += 1
+    for which in (0, 1):
+        keep = probs[which] > 0.02
+        observed = torch.cat([counts[which][keep], counts[which][~keep].sum()[None]]).numpy()
+        expected = torch.cat([probs[which][keep], probs[which][~keep].sum()[None]]).numpy() * n_runs
+        assert observed.sum() == n_runs
+        assert chisquare(observed, expected).pvalue > 1e-3
+        wrong = torch.cat([draft_probs[which][keep], draft_probs[which][~keep].sum()[None]]).numpy()
+        assert chisquare(observed, wrong * n_runs / wrong.sum()).pvalue < 1e-3
