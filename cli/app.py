@@ -22,6 +22,9 @@ app = typer.Typer(
 console = Console()
 
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
+DtypeOption = Annotated[
+    str | None, typer.Option(help="Model dtype: float32, bfloat16 or float16 (default: float32 on CPU).")
+]
 TempOption = Annotated[float, typer.Option("--temp", "-t", help="Sampling temperature T (0 = greedy).")]
 
 
@@ -101,12 +104,14 @@ def targets(
     limit: Annotated[int | None, typer.Option(help="Use at most this many requests.")] = None,
     import_file: Annotated[Path | None, typer.Option("--import", help="Import responses (JSONL/Parquet).")] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    batch_size: Annotated[int, typer.Option(help="Requests decoded together (batched forwards).")] = 8,
+    dtype: DtypeOption = None,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
     try:
-        pair = load_pair(model, device=device)
+        pair = load_pair(model, device=device, dtype=dtype)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         if import_file is not None:
             from rift_ada.collectors.targets_io import import_targets, write_targets
@@ -127,6 +132,7 @@ def targets(
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
                     on_request=_TokenRate(progress, task),
+                    batch_size=batch_size,
                 )
     except (ValueError, OSError) as error:
         _fail(error)
@@ -157,13 +163,22 @@ def collect(
     max_new_tokens: Annotated[int, typer.Option(help="Cap on generated target tokens.")] = 512,
     shard: Annotated[str | None, typer.Option(help="i/N: collect a deterministic part of the requests.")] = None,
     device: Annotated[str, typer.Option(help="torch device (cuda for real presets).")] = "cpu",
+    batch_size: Annotated[
+        int, typer.Option(help="Closed mode and targets: runs decoded together (batched forwards).")
+    ] = 8,
+    free_running: Annotated[
+        bool, typer.Option(help="Closed mode at T > 0: real rejection sampling instead of teacher forcing.")
+    ] = False,
+    dtype: DtypeOption = None,
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
     from rift_ada.collectors.collect import CollectSettings
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
 
     try:
-        pair = load_pair(model, device=device)
+        if free_running and mode != "closed":
+            raise ValueError("--free-running applies to --mode closed only")
+        pair = load_pair(model, device=device, dtype=dtype)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         settings = CollectSettings(
             draft=pair.preset.draft,
@@ -187,6 +202,7 @@ def collect(
                 seed=seed,
                 max_new_tokens=max_new_tokens,
                 on_request=_TokenRate(progress, task),
+                batch_size=batch_size,
             )
             progress.update(task, completed=len(requests))
             task = progress.add_task(f"collect {mode}", total=len(requests), rate="")
@@ -200,6 +216,9 @@ def collect(
                 policies=policy or [],
                 shard=shard,
                 on_request=_TokenRate(progress, task),
+                batch_size=batch_size,
+                free_running=free_running,
+                extra_manifest={"dtype": str(pair.draft.dtype).removeprefix("torch.")},
             )
     except (ValueError, OSError) as error:
         _fail(error)

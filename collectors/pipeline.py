@@ -75,6 +75,7 @@ def ensure_targets(
     repetition_penalty: float = 1.0,
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
+    batch_size: int = 8,
 ) -> list[dict[str, Any]]:
     """Target responses for ``requests``: read from ``path`` when it covers them, else generated there."""
     path = Path(path)
@@ -96,6 +97,7 @@ def ensure_targets(
         repetition_penalty=repetition_penalty,
         on_request=on_request,
         on_token=on_token,
+        batch_size=batch_size,
     )
 
 
@@ -110,6 +112,9 @@ def run_collection(
     policies: Sequence[str] = (),
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    batch_size: int = 8,
+    free_running: bool = False,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> CollectionSummary:
     """Probe or closed-loop collection of ``requests`` into ``out_dir``."""
     if mode == "probe":
@@ -122,6 +127,7 @@ def run_collection(
             target_model=pair.target,
             shard=shard,
             on_request=on_request,
+            extra_manifest=extra_manifest,
         )
     if mode == "closed":
         if not policies:
@@ -136,5 +142,8 @@ def run_collection(
             target_model=pair.target,
             shard=shard,
             on_request=on_request,
+            extra_manifest=extra_manifest,
+            free_running=free_running,
+            batch_size=batch_size,
         )
     raise ValueError(f"mode must be 'probe' or 'closed', got {mode!r}")

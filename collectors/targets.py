@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from rift_ada.batch_cache import BatchedCache
-from rift_ada.cache import make_draft_cache
-from rift_ada.speculative import FULL_POLICY, forward_rows
+from rift_ada.speculative import FULL_POLICY, forward_rows, row_cache
 
 
 @torch.no_grad()
@@ -100,7 +99,7 @@ def generate_responses(
             raise ValueError(f"requests[{index}].prompt_ids: empty prompt")
         if request.max_new_tokens <= 0:
             continue
-        cache = make_draft_cache(model, FULL_POLICY)
+        cache = row_cache(model, FULL_POLICY)
         device = next(model.parameters()).device
         ids = torch.tensor([request.prompt_ids], device=device)
         logits.append(model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1])

@@ -13,8 +13,9 @@ to itself for full rows), padding sees one dummy key and its output is ignored.
 Layers that are not budgeted (Qwen3.5 Gated DeltaNet, Nemotron-H Mamba) keep transformers' own
 batched states. A recurrent state cannot skip padding, so a ragged forward on a model with such
 layers runs once per distinct length, and rows outside the group get their recurrent state put
-back afterwards (`forward_rows`). Built-in sliding-window layers (GPT-OSS) mask by the batch's
-common position, so ragged batches of such models are refused.
+back afterwards (`forward_rows`). Built-in sliding-window layers (GPT-OSS) are served by per-row
+`swa` BudgetedLayers of the same window (`BudgetedCache.own_sliding_windows`), because
+transformers' own sliding-window layer masks by one position common to the whole batch.
 
 Requests prefill alone (exactly as a single request does), then join: `BatchedCache.join`.
 Finished requests leave: `BatchedCache.keep_rows`.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, band_mask, pop_pending, set_pending
 from rift_ada.cache import BudgetedCache, BudgetedLayer, CacheError, layers_query_summary, layers_retained_mass
@@ -200,8 +201,15 @@ class BatchedCache(BudgetedCache):
         self.__dict__.update(copy.copy(caches[0].__dict__))  # config-derived fields of a DynamicCache
         self.layers = []
         self.budgeted_indices = list(caches[0].budgeted_indices)
+        self.window_indices = list(caches[0].window_indices)
+        self.row_indices = sorted(self.budgeted_indices + self.window_indices)  # layers with per-row lengths
+        if len(caches) > 1 and any(type(layer) is DynamicSlidingWindowLayer for layer in caches[0].layers):
+            raise CacheError(
+                "a batch of requests at different positions needs per-request sliding windows: "
+                "call cache.own_sliding_windows(model) before the prefill"
+            )
         for index in range(len(caches[0].layers)):
-            if index in self.budgeted_indices:
+            if index in self.row_indices:
                 self.layers.append(BatchedLayer([cache.layers[index] for cache in caches], index))
             else:
                 self.layers.append(_join_layers([cache.layers[index] for cache in caches]))
@@ -214,7 +222,7 @@ class BatchedCache(BudgetedCache):
 
     @property
     def batch_size(self) -> int:
-        return len(self.layers[self.budgeted_indices[0]].rows)
+        return len(self.layers[self.row_indices[0]].rows)
 
     @property
     def has_recurrent_layers(self) -> bool:
@@ -224,7 +232,7 @@ class BatchedCache(BudgetedCache):
         return RowCache([self.layers[i].rows[index] for i in self.budgeted_indices])
 
     def set_counts(self, counts: list[int] | None) -> None:
-        for index in self.budgeted_indices:
+        for index in self.row_indices:
             self.layers[index].counts = counts
 
     def keep_rows(self, rows: Sequence[int]) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, install, set_pending
-from rift_ada.budget import CachePolicy, validate
+from rift_ada.budget import CachePolicy, make_policy, validate
 from rift_ada.scorers import H2OScorer, SnapKVScorer, select_topk
 from rift_ada.scorers.topk import topk_lowest_first
 
@@ -421,6 +421,7 @@ class BudgetedCache(DynamicCache):
             )
         modules = _attention_modules(model)
         self.budgeted_indices = indices
+        self.window_indices: list[int] = []  # built-in sliding-window layers served by an swa BudgetedLayer
         for index in indices:
             module = modules.get(index)
             if module is None:
@@ -430,6 +431,21 @@ class BudgetedCache(DynamicCache):
     @property
     def budgeted_layers(self) -> list[BudgetedLayer]:
         return [self.layers[index] for index in self.budgeted_indices]
+
+    def own_sliding_windows(self, model: torch.nn.Module) -> None:
+        """Serve built-in sliding-window layers (GPT-OSS) from `BudgetedLayer`s with an ``swa`` policy of
+        the same window: the same attention (a query at p sees (p - W, p], sink logits included),
+        but with per-request lengths, which a batch of requests at different positions needs.
+        Call it on an empty cache. They are no budgeted layers: no selection, refresh or summary."""
+        modules = _attention_modules(model)
+        for index, layer in enumerate(self.layers):
+            if type(layer) is DynamicSlidingWindowLayer:
+                if layer.is_initialized:
+                    raise CacheError("own_sliding_windows: call it before the first forward")
+                module = modules[index]
+                window = make_policy("swa", budget=int(layer.sliding_window))
+                self.layers[index] = BudgetedLayer(window, index, float(module.scaling), getattr(module, "sinks", None))
+                self.window_indices.append(index)
 
     def refresh(self) -> None:
         """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""

@@ -174,6 +174,13 @@ class _Row:
         return self.result.tokens
 
 
+def row_cache(model: Any, policy: CachePolicy) -> BudgetedCache:
+    """An empty cache for one request that can join a batch (`rift_ada.batch_cache`)."""
+    cache = make_draft_cache(model, policy)
+    cache.own_sliding_windows(model)
+    return cache
+
+
 def _check_request(request: BatchRequest, index: int, draft_length: int) -> None:
     if len(request.prompt_ids) < 2:
         raise ValueError(f"requests[{index}].prompt_ids: need at least 2 prompt tokens")
@@ -184,10 +191,10 @@ def _check_request(request: BatchRequest, index: int, draft_length: int) -> None
 def _start_row(draft_model: Any, target: Any, request: BatchRequest, device: torch.device) -> tuple[_Row, Any, Any]:
     """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
     prompt = request.prompt_ids
-    draft_cache = make_draft_cache(draft_model, request.policy)
+    draft_cache = row_cache(draft_model, request.policy)
     _forward(draft_model, prompt[:-1], draft_cache, 0)
     draft_cache.query_summary()  # query summaries cover the output only
-    target_cache = make_draft_cache(target, FULL_POLICY)
+    target_cache = row_cache(target, FULL_POLICY)
     _forward(target, prompt[:-1], target_cache, 0)
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
@@ -316,7 +323,7 @@ def _round(
     # Rejected draft tokens leave both caches; committed ones are fed to the draft again.
     starts = [row.cache_length for row in active]
     if target_state is None:
-        for layer_index in target_cache.budgeted_indices:
+        for layer_index in target_cache.row_indices:
             for layer, start, kept in zip(target_cache.layers[layer_index].rows, starts, kept_feeds, strict=True):
                 layer.crop(start + len(kept) - layer.length)
     else:
