@@ -68,6 +68,9 @@ class BudgetedLayer(DynamicLayer):
         self.mass_targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
         self.force_full = False  # probe: the canonical pass attends to everything and stores it
+        self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
+        self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
+        self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
         self._scorer = SnapKVScorer(policy.obs_window, policy.pool_kernel)
 
     # ---- storage ---------------------------------------------------------------------------
@@ -92,6 +95,8 @@ class BudgetedLayer(DynamicLayer):
                 self.heavy_scores = torch.cat(
                     [self.heavy_scores, self.heavy_scores.new_zeros(*self.heavy_scores.shape[:2], grow)], 2
                 )
+        if self._gathered is not None and self.length < self._gathered[3]:
+            self._gathered = self._ring = None  # a selected position is written again (a rollback went below it)
         self.keys[:, :, self.length : needed] = key_states
         self.values[:, :, self.length : needed] = value_states
         self.length = needed
@@ -192,9 +197,42 @@ class BudgetedLayer(DynamicLayer):
         if self.policy.selection == "h2o":  # H2O credits attention to the positions it lands on
             window_positions = torch.arange(window_start, self.length, device=self.keys.device)
             key_positions = torch.cat([selection, window_positions.expand(*selection.shape[:2], -1)], -1)
+        elif n_new == 1 and prefix_limit is None and first + 1 >= self.window:
+            return self._ring_working_set(selection, first, window_start)
+        self._ring_length = -1
         return self._working_set(
             selection, first, n_new, window_start, prefix_limit=prefix_limit, key_positions=key_positions
         )
+
+    def _ring_working_set(
+        self, selection: torch.Tensor, first: int, window_start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A single-token step's [selection | window] kept in one buffer between steps.
+
+        The window part is a ring: position p lives in slot p mod r, so the new token overwrites
+        the position that leaves the window and a step copies one key instead of B. A single
+        query sees every key of its working set, so the order of the keys does not matter. The
+        buffer is rebuilt after a refresh, a multi-token forward or a rollback."""
+        window = self.window
+        ring = self._ring
+        if ring is None or ring[0] is not selection or self._ring_length != first:
+            selected_keys, selected_values = self._selected_kv(selection, prefix=False)
+            shift = window_start % window
+            keys = torch.cat([selected_keys, torch.roll(self.keys[:, :, window_start : self.length], shift, 2)], 2)
+            values = torch.cat(
+                [selected_values, torch.roll(self.values[:, :, window_start : self.length], shift, 2)], 2
+            )
+            ring = self._ring = (selection, keys, values)
+        else:
+            slot = selection.shape[-1] + first % window
+            ring[1][:, :, slot] = self.keys[:, :, first]
+            ring[2][:, :, slot] = self.values[:, :, first]
+        self._ring_length = self.length
+        pending = PendingAttention(
+            self, first, 1, full=False, window=window, window_start=window_start, n_selected=selection.shape[-1]
+        )
+        set_pending(self.layer_idx, pending)
+        return ring[1], ring[2]
 
     def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
@@ -214,13 +252,30 @@ class BudgetedLayer(DynamicLayer):
             prefix_limit=self.arm_prefix_limit,
         )
 
+    def _selected_kv(self, selection: torch.Tensor, prefix: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``selection``: a slice for a prefix, else gathered once per selection and
+        kept until the selection changes (a refresh) or a position it holds is written again."""
+        if prefix:
+            count = selection.shape[-1]
+            return self.keys[:, :, :count], self.values[:, :, :count]
+        cached = self._gathered
+        if cached is not None and cached[0] is selection:
+            return cached[1], cached[2]
+        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        keys, values = self.keys.gather(2, index), self.values.gather(2, index)
+        if self.arm_selection is None:
+            end = int(selection.max()) + 1 if selection.numel() else 0
+            self._gathered = (selection, keys, values, end)
+        return keys, values
+
     def _working_set(
         self, selection: torch.Tensor, first: int, n_new: int, window_start: int, **mask_fields: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather [selection | window] keys and values, and leave the attention note describing them."""
-        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
-        keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
-        values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
+        """[selection | window] keys and values, and the attention note describing them."""
+        prefix = mask_fields.get("prefix_limit") is not None and self.arm_selection is None
+        selected_keys, selected_values = self._selected_kv(selection, prefix)
+        keys = torch.cat([selected_keys, self.keys[:, :, window_start : self.length]], 2)
+        values = torch.cat([selected_values, self.values[:, :, window_start : self.length]], 2)
         pending = PendingAttention(
             self,
             first,
@@ -373,6 +428,7 @@ class BudgetedLayer(DynamicLayer):
         )
 
     def restore(self, state: LayerState) -> None:
+        self._ring_length = -1
         self.length = state.length
         self.selection = state.selection
         self.query_buffer, self.query_positions = state.query_buffer, state.query_positions
