@@ -15,6 +15,7 @@ text is the response, so runs of different policies see the same tokens.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -181,6 +182,22 @@ def row_cache(model: Any, policy: CachePolicy) -> BudgetedCache:
     return cache
 
 
+def full_copy(cache: BudgetedCache, model: Any) -> BudgetedCache:
+    """A full-KV cache holding what ``cache`` (prefilled, not yet decoded) stores: in KV
+    self-speculation the draft's prefill runs with full attention, so the target needs no second one."""
+    copied = row_cache(model, FULL_POLICY)
+    rows = set(copied.budgeted_indices + copied.window_indices)
+    for index, layer in enumerate(cache.layers):
+        if index not in rows:
+            copied.layers[index] = copy.deepcopy(layer)
+            continue
+        target = copied.layers[index]
+        target.keys, target.values = layer.keys.clone(), layer.values.clone()
+        target.length, target.device = layer.length, layer.device
+        target.is_initialized = target.prefilled = True
+    return copied
+
+
 def _check_request(request: BatchRequest, index: int, draft_length: int) -> None:
     if len(request.prompt_ids) < 2:
         raise ValueError(f"requests[{index}].prompt_ids: need at least 2 prompt tokens")
@@ -194,8 +211,11 @@ def _start_row(draft_model: Any, target: Any, request: BatchRequest, device: tor
     draft_cache = row_cache(draft_model, request.policy)
     _forward(draft_model, prompt[:-1], draft_cache, 0)
     draft_cache.query_summary()  # query summaries cover the output only
-    target_cache = row_cache(target, FULL_POLICY)
-    _forward(target, prompt[:-1], target_cache, 0)
+    if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
+        target_cache = full_copy(draft_cache, target)
+    else:
+        target_cache = row_cache(target, FULL_POLICY)
+        _forward(target, prompt[:-1], target_cache, 0)
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
