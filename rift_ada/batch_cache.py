@@ -98,8 +98,43 @@ class BatchedLayer(DynamicLayer):
             row.crop(tokens_to_remove)
 
 
+_last_mask: list[Any] = [None, None]  # (key, mask): the layers of one forward mostly share their rows' masks
+
+
+def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
+    notes = tuple(
+        None
+        if note is None
+        else (
+            note.full,
+            note.first_position,
+            note.window,
+            note.window_start,
+            note.n_selected,
+            None if note.prefix_limit is None else int(note.prefix_limit[0]),
+            note.selection_valid is None,
+        )
+        for note in pending.rows
+    )
+    return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv)
+
+
 def batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
-    """(b, kv, q, width) visibility, or None when every query may see every gathered key."""
+    """(b, kv, q, width) visibility, or None when every query may see every gathered key.
+
+    Every layer of a forward usually has the same rows' lengths and windows, so the last mask is
+    reused when its description matches (rows with per-slot validity masks are never cached)."""
+    key = _mask_key(pending, n_kv)
+    cacheable = all(note is None or note.selection_valid is None for note in pending.rows)
+    if cacheable and _last_mask[0] == key and _last_mask[1] is not None and _last_mask[1].device == device:
+        return _last_mask[1]
+    mask = _batch_mask(pending, n_kv, device)
+    if cacheable:
+        _last_mask[0], _last_mask[1] = key, mask
+    return mask
+
+
+def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
     width = max(1, max(pending.sizes))
     every = all(
         note is not None and count == pending.n_new and size == width and pending.n_new == 1
