@@ -44,6 +44,11 @@ DeviceMapOption = Annotated[
         "Recorded in the manifest.",
     ),
 ]
+DtypeOption = Annotated[
+    Literal["float32", "bfloat16", "float16"] | None,
+    typer.Option(help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). Recorded in the manifest."),
+]
+BatchSizeOption = Annotated[int, typer.Option(min=1, help="Requests (closed mode: request x policy runs) decoded together.")]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
 DemoSize = Literal["tiny", "small", "full"]  # the keys of calibrate.demo.DEMO_SIZES (a test keeps them equal)
 
@@ -241,6 +246,8 @@ def targets(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --out file (never changes its rows).")
     ] = False,
+    batch_size: BatchSizeOption = 8,
+    dtype: DtypeOption = None,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
     preset = _check_model(model)
@@ -263,7 +270,7 @@ def targets(
         )
         write_targets(out, rows, {"target_model": preset.target_name, "temperature": temp, "seed": seed})
     else:
-        pair = load_pair(model, device=device, device_map=device_map)
+        pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         if shard is not None and not out.exists():
             from rift_ada.collectors.targets_store import generate_targets_resumable
@@ -280,6 +287,7 @@ def targets(
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
                     shard=shard,
+                    batch_size=batch_size,
                     on_request=progress.request_callback(f"targets {shard}", None),
                 )
             console.print(_text(f"shard {shard}: {done.generated} responses generated, {done.skipped} already there"))
@@ -298,6 +306,7 @@ def targets(
                     max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens,
                     extend=extend_targets,
+                    batch_size=batch_size,
                     on_request=progress.request_callback("targets", len(requests)),
                 )
     console.print(Text.assemble(f"wrote {len(rows)} target responses to ", (str(out), "bold")))
@@ -335,6 +344,11 @@ def collect(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
+    batch_size: BatchSizeOption = 8,
+    free_running: Annotated[
+        bool, typer.Option(help="Closed mode at T > 0: real rejection sampling instead of teacher forcing.")
+    ] = False,
+    dtype: DtypeOption = None,
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
     preset = _check_model(model)
@@ -371,11 +385,15 @@ def collect(
             bad_option("--policy", f"duplicate policies {labels}")
     elif policy:
         bad_option("--policy", "only --mode closed runs policies (probe mode records every arm)")
+    if free_running and mode != "closed":
+        bad_option("--free-running", "applies to --mode closed only")
+    if free_running and temp <= 0:
+        bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
     _check_writable(out / "manifest.json", "--out")
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
     from rift_ada.collectors.targets_io import targets_provenance
 
-    pair = load_pair(model, device=device, device_map=device_map)
+    pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
     requests = load_requests(dataset, pair.tokenizer, limit=limit)
     with _progress() as progress:
         targets_path = targets_file or out.parent / f"{out.name}-targets.parquet"
@@ -388,6 +406,7 @@ def collect(
             max_new_tokens=max_new_tokens,
             extend=extend_targets,
             shard=shard,
+            batch_size=batch_size,
             on_request=progress.request_callback("targets", len(requests)),
         )
         progress.complete("targets")
@@ -401,8 +420,11 @@ def collect(
             policies=policy or [],
             shard=shard,
             on_request=progress.request_callback(f"collect {mode}", len(requests)),
+            batch_size=batch_size,
+            free_running=free_running,
             extra_manifest={
                 "targets": targets_provenance(targets_path),
+                "dtype": str(pair.draft.dtype).removeprefix("torch."),
                 **({"device_map": device_map} if device_map else {}),
             },
         )

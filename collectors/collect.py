@@ -20,12 +20,12 @@ from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.collectors.datasets import Request, encode_prompt
 from rift_ada.collectors.probe import probe_arms, probe_request
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
-from rift_ada.collectors.targets import generate_response
+from rift_ada.collectors.targets import ResponseRequest, generate_responses
 from rift_ada.collectors.targets_io import read_targets, target_row, write_targets
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest, shard_requests
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
-from rift_ada.speculative import speculative_generate
+from rift_ada.speculative import BatchRequest, SpeculativeResult, speculative_generate_batch
 
 ProgressFn = Callable[[str, int], None]  # (request id, output tokens) after each request
 
@@ -140,8 +140,8 @@ def _check_controller_settings(controller: dict[str, Any], settings: CollectSett
     wanted = settings.cache_json()
     problems = [
         f"cache.{key} is {controller['cache'][key]!r}, the run uses {wanted[key]!r}"
-        for key in ("budget", "sw_ratio", "obs_window")
-        if controller["cache"][key] != wanted[key]
+        for key in ("budget", "sw_ratio", "obs_window", "block_size", "scorer")
+        if controller["cache"].get(key) != wanted[key]
     ]
     if controller["schedule"]["decision_stride"] != settings.decision_stride:
         problems.append(
@@ -171,6 +171,62 @@ def _request_row(request: Request, isl: int, osl: int) -> dict[str, list[Any]]:
     }
 
 
+def generate_target_rows(
+    target_model: Any,
+    tokenizer: Any,
+    requests: Sequence[Request],
+    seeds: Sequence[int],
+    *,
+    target_name: str,
+    temperature: float = 0.0,
+    max_new_tokens: int = 512,
+    min_new_tokens: int = 0,
+    repetition_penalty: float = 1.0,
+    on_request: ProgressFn | None = None,
+    on_token: Callable[[int], None] | None = None,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Target rows for ``requests`` (request ``i`` sampled with ``seeds[i]``), ``batch_size`` decoding together."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(seeds) != len(requests):
+        raise ValueError(f"seeds: need one per request ({len(requests)}), got {len(seeds)}")
+    rows = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for first in range(0, len(requests), batch_size):
+        chunk = list(zip(requests[first : first + batch_size], seeds[first : first + batch_size], strict=True))
+        prompts = [encode_prompt(tokenizer, request.prompt_messages) for request, _ in chunk]
+        asks = []
+        for (request, request_seed), prompt_ids in zip(chunk, prompts, strict=True):
+            limit = request.max_output_tokens or max_new_tokens
+            cap = min(limit, max_new_tokens)
+            asks.append(ResponseRequest(prompt_ids, cap, request_seed, min(min_new_tokens, limit)))
+        responses = generate_responses(
+            target_model,
+            asks,
+            temperature=temperature,
+            eos_token_id=eos,
+            repetition_penalty=repetition_penalty,
+            on_token=on_token,
+        )
+        for (request, request_seed), prompt_ids, response in zip(chunk, prompts, responses, strict=True):
+            text = tokenizer.decode(response, skip_special_tokens=True)
+            rows.append(
+                target_row(
+                    request,
+                    prompt_ids,
+                    response,
+                    text,
+                    target_model=target_name,
+                    temperature=temperature,
+                    seed=request_seed,
+                )
+            )
+            if on_request is not None:
+                on_request(request.request_id, len(response))
+    return rows
+
+
 def generate_targets(
     target_model: Any,
     tokenizer: Any,
@@ -185,38 +241,23 @@ def generate_targets(
     repetition_penalty: float = 1.0,
     on_request: ProgressFn | None = None,
     on_token: Callable[[int], None] | None = None,
+    batch_size: int = 8,
 ) -> list[dict[str, Any]]:
-    """Generate target responses for ``requests`` and write them (atomically) to ``out_path``."""
-    rows = []
-    eos = getattr(tokenizer, "eos_token_id", None)
-    for index, request in enumerate(requests):
-        prompt_ids = encode_prompt(tokenizer, request.prompt_messages)
-        limit = request.max_output_tokens or max_new_tokens
-        response = generate_response(
-            target_model,
-            prompt_ids,
-            max_new_tokens=min(limit, max_new_tokens),
-            temperature=temperature,
-            seed=seed + index,
-            eos_token_id=eos,
-            min_new_tokens=min(min_new_tokens, limit),
-            repetition_penalty=repetition_penalty,
-            on_token=on_token,
-        )
-        text = tokenizer.decode(response, skip_special_tokens=True)
-        rows.append(
-            target_row(
-                request,
-                prompt_ids,
-                response,
-                text,
-                target_model=target_name,
-                temperature=temperature,
-                seed=seed + index,
-            )
-        )
-        if on_request is not None:
-            on_request(request.request_id, len(response))
+    """Generate target responses for ``requests`` (request k: seed + k) and write them atomically to ``out_path``."""
+    rows = generate_target_rows(
+        target_model,
+        tokenizer,
+        requests,
+        [seed + index for index in range(len(requests))],
+        target_name=target_name,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        repetition_penalty=repetition_penalty,
+        on_request=on_request,
+        on_token=on_token,
+        batch_size=batch_size,
+    )
     meta = {"target_model": target_name, "temperature": temperature, "seed": seed}
     if repetition_penalty != 1.0:
         meta["repetition_penalty"] = repetition_penalty
@@ -332,8 +373,12 @@ def collect_closed(
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
     free_running: bool = False,
+    batch_size: int = 8,
 ) -> CollectionSummary:
     """Run the real draft/verify loop for every policy.
+
+    ``batch_size`` (request, policy) runs share each batched draft/verify forward
+    (`speculative_generate_batch`); every run's result equals running it alone.
 
     Teacher-forced on the target responses by default. ``free_running`` (T > 0 ground truth)
     runs real rejection sampling instead, as many output tokens as the target response has;
@@ -360,81 +405,99 @@ def collect_closed(
         )
     by_id = _targets_by_id(targets)
     todo, n_mine = _todo(requests, by_id, shard, writer)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    runs = [(request, policy) for request in todo for policy in resolved]
+    finished: dict[str, list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh]]] = {}
     tokens = 0
-    for request in todo:
-        row = by_id[request.request_id]
-        prompt_ids, response_ids = list(row["prompt_token_ids"]), list(row["response_token_ids"])
-        rounds: dict[str, list[Any]] = {
-            key: []
-            for key in (
-                "request_id",
-                "policy",
-                "round",
-                "position",
-                "accepted",
-                "al",
-                "entropy_mean",
-                "age",
-                "refreshed",
+    for first in range(0, len(runs), batch_size):
+        chunk = runs[first : first + batch_size]
+        hooks = [ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True) for _, policy in chunk]
+        batch = []
+        for (request, policy), hook in zip(chunk, hooks, strict=True):
+            response_ids = list(by_id[request.request_id]["response_token_ids"])
+            batch.append(
+                BatchRequest(
+                    list(by_id[request.request_id]["prompt_token_ids"]),
+                    policy.cache,
+                    max_new_tokens=len(response_ids),
+                    seed=request_seed(settings.seed, request.request_id),
+                    refresh_hook=hook,
+                    forced_tokens=None if free_running else response_ids,
+                )
             )
-        }
-        strides: list[dict[str, Any]] = []
-        for policy in resolved:
-            hook = ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True)
-            result = speculative_generate(
-                draft_model,
-                prompt_ids,
-                policy=policy.cache,
-                target_model=target_model,
-                draft_length=settings.draft_length,
-                temperature=settings.temperature,
-                seed=request_seed(settings.seed, request.request_id),
-                refresh_hook=hook,
-                forced_tokens=None if free_running else response_ids,
-                max_new_tokens=len(response_ids),
-            )
-            for record in result.rounds:
-                rounds["request_id"].append(request.request_id)
-                rounds["policy"].append(policy.label)
-                rounds["round"].append(record.index)
-                rounds["position"].append(record.position)
-                rounds["accepted"].append(record.accepted)
-                rounds["al"].append(record.al)
-                rounds["entropy_mean"].append(float(np.mean(record.committed_entropies)))
-                rounds["age"].append(record.age)
-                rounds["refreshed"].append(record.refreshed)
-            for stride_row in hook.strides:
-                strides.append({"request_id": request.request_id, "policy": policy.label, **stride_row})
-            tokens += len(response_ids)
-        stride_columns = [
-            "request_id",
-            "policy",
-            "stride",
-            "position",
-            "age",
-            "acceptance",
-            "entropy",
-            "query_drift",
-            "acceptance_drop",
-            "entropy_rise",
-            "refreshed",
-            "retained_mass",
-        ]
-        stride_table = {
-            column: [(np.nan if r.get(column) is None else r.get(column)) for r in strides] for column in stride_columns
-        }
-        writer.write_requests(
-            {
-                "requests": _request_row(request, len(prompt_ids), len(response_ids)),
-                "rounds": rounds,
-                "strides": stride_table,
-            }
+        results = speculative_generate_batch(
+            draft_model,
+            batch,
+            target_model=target_model,
+            draft_length=settings.draft_length,
+            temperature=settings.temperature,
         )
-        if on_request is not None:
-            on_request(request.request_id, len(response_ids))
+        for (request, policy), result, hook in zip(chunk, results, hooks, strict=True):
+            finished.setdefault(request.request_id, []).append((policy, result, hook))
+        for request in {request.request_id: request for request, _ in chunk}.values():
+            if len(finished.get(request.request_id, [])) == len(resolved):
+                done = finished.pop(request.request_id)
+                n_out = _write_closed_request(writer, request, by_id[request.request_id], done)
+                tokens += n_out * len(resolved)
+                if on_request is not None:
+                    on_request(request.request_id, n_out)
     return CollectionSummary(
         str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}
     )
+
+
+_STRIDE_COLUMNS = (
+    "request_id",
+    "policy",
+    "stride",
+    "position",
+    "age",
+    "acceptance",
+    "entropy",
+    "query_drift",
+    "acceptance_drop",
+    "entropy_rise",
+    "refreshed",
+    "retained_mass",
+)
+_ROUND_COLUMNS = ("request_id", "policy", "round", "position", "accepted", "al", "entropy_mean", "age", "refreshed")
+
+
+def _write_closed_request(
+    writer: TraceWriter,
+    request: Request,
+    target: dict[str, Any],
+    runs: list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh]],
+) -> int:
+    """Write one request's rounds and strides under every policy; returns its output length."""
+    rounds: dict[str, list[Any]] = {key: [] for key in _ROUND_COLUMNS}
+    strides: list[dict[str, Any]] = []
+    for policy, result, hook in runs:
+        for record in result.rounds:
+            rounds["request_id"].append(request.request_id)
+            rounds["policy"].append(policy.label)
+            rounds["round"].append(record.index)
+            rounds["position"].append(record.position)
+            rounds["accepted"].append(record.accepted)
+            rounds["al"].append(record.al)
+            rounds["entropy_mean"].append(float(np.mean(record.committed_entropies)))
+            rounds["age"].append(record.age)
+            rounds["refreshed"].append(record.refreshed)
+        for stride_row in hook.strides:
+            strides.append({"request_id": request.request_id, "policy": policy.label, **stride_row})
+    stride_table = {
+        column: [(np.nan if r.get(column) is None else r.get(column)) for r in strides] for column in _STRIDE_COLUMNS
+    }
+    n_out = len(target["response_token_ids"])
+    writer.write_requests(
+        {
+            "requests": _request_row(request, len(target["prompt_token_ids"]), n_out),
+            "rounds": rounds,
+            "strides": stride_table,
+        }
+    )
+    return n_out
 
 
 def closed_results(out_dir: str | Path) -> dict[str, dict[str, np.ndarray]]:

@@ -84,6 +84,7 @@ def ensure_targets(
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
+    batch_size: int = 8,
 ) -> list[dict[str, Any]]:
     """Target responses for ``requests`` (in request order): read from ``path``, or generated there when absent.
 
@@ -137,7 +138,9 @@ def ensure_targets(
             "--max-new-tokens) on every shard first"
         )
     model = pair.target_for_generation
-    progress = generate_targets_resumable(model, pair.tokenizer, requests, path, keep=keep, **generate)
+    progress = generate_targets_resumable(
+        model, pair.tokenizer, requests, path, keep=keep, batch_size=batch_size, **generate
+    )
     assert progress.rows is not None  # one unsharded process generates every missing response
     by_id = {row["request_id"]: row for row in progress.rows}
     return [by_id[request_id] for request_id in wanted]
@@ -154,6 +157,8 @@ def run_collection(
     policies: Sequence[str] = (),
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    batch_size: int = 8,
+    free_running: bool = False,
     extra_manifest: dict[str, Any] | None = None,
 ) -> CollectionSummary:
     """Probe or closed-loop collection of ``requests`` into ``out_dir``.
@@ -188,5 +193,7 @@ def run_collection(
             shard=shard,
             on_request=on_request,
             extra_manifest=extra,
+            free_running=free_running,
+            batch_size=batch_size,
         )
     raise ValueError(f"mode must be 'probe' or 'closed', got {mode!r}")

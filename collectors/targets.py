@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+
+from rift_ada.batch_cache import BatchedCache
+from rift_ada.speculative import FULL_POLICY, forward_rows, row_cache
 
 
 @torch.no_grad()
@@ -29,31 +32,101 @@ def generate_response(
     CTRL / transformers) divides the positive logits of tokens already generated, which keeps a
     small model from looping. Runs are teacher-forced on whatever response this produces.
     """
-    device = next(model.parameters()).device
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([prompt_ids], device=device), cache=cache, use_cache=True).logits[0, -1]
-    output: list[int] = []
-    for index in range(max_new_tokens):
-        logits = logits.float()
-        if repetition_penalty != 1.0 and output:
-            seen = torch.tensor(sorted(set(output)), device=logits.device)
-            picked = logits[seen]
-            logits[seen] = torch.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
-        if eos_token_id is not None and index < min_new_tokens:
-            logits[eos_token_id] = float("-inf")
-        if temperature > 0:
-            probs = torch.softmax(logits / temperature, -1).cpu()
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        else:
-            token = int(logits.argmax())
-        output.append(token)
-        if on_token is not None:
-            on_token(token)
-        if eos_token_id is not None and token == eos_token_id:
-            break
-        position = torch.tensor([[len(prompt_ids) + index]], device=device)
-        logits = model(
-            input_ids=torch.tensor([[token]], device=device), position_ids=position, cache=cache, use_cache=True
-        ).logits[0, -1]
-    return output
+    request = ResponseRequest(prompt_ids, max_new_tokens, seed, min_new_tokens)
+    return generate_responses(
+        model,
+        [request],
+        temperature=temperature,
+        eos_token_id=eos_token_id,
+        repetition_penalty=repetition_penalty,
+        on_token=on_token,
+    )[0]
+
+
+@dataclass
+class ResponseRequest:
+    """One prompt of a batched generation, with its own limits and seed."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int = 0
+    min_new_tokens: int = 0
+
+
+def _next_token(
+    logits: torch.Tensor,
+    output: list[int],
+    request: ResponseRequest,
+    generator: torch.Generator,
+    temperature: float,
+    eos_token_id: int | None,
+    repetition_penalty: float,
+) -> int:
+    """The token `generate_response` picks from ``logits`` (penalty, EOS suppression, sampling)."""
+    logits = logits.float().clone()
+    if repetition_penalty != 1.0 and output:
+        seen = torch.tensor(sorted(set(output)), device=logits.device)
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
+    if eos_token_id is not None and len(output) < request.min_new_tokens:
+        logits[eos_token_id] = float("-inf")
+    if temperature > 0:
+        probs = torch.softmax(logits / temperature, -1).cpu()
+        return int(torch.multinomial(probs, 1, generator=generator))
+    return int(logits.argmax())
+
+
+@torch.no_grad()
+def generate_responses(
+    model: Any,
+    requests: Sequence[ResponseRequest],
+    *,
+    temperature: float = 0.0,
+    eos_token_id: int | None = None,
+    repetition_penalty: float = 1.0,
+    on_token: Callable[[int], None] | None = None,
+) -> list[list[int]]:
+    """`generate_response` for a batch of prompts in one batched decode (same tokens per request).
+
+    Each prompt prefills alone, then all decode together, one token per active request per
+    forward (per-request positions and lengths, `rift_ada.batch_cache`); a request that reaches
+    its limit or EOS leaves the batch.
+    """
+    outputs: list[list[int]] = [[] for _ in requests]
+    caches, logits, active = [], [], []
+    for index, request in enumerate(requests):
+        if len(request.prompt_ids) < 1:
+            raise ValueError(f"requests[{index}].prompt_ids: empty prompt")
+        if request.max_new_tokens <= 0:
+            continue
+        cache = row_cache(model, FULL_POLICY)
+        device = next(model.parameters()).device
+        ids = torch.tensor([request.prompt_ids], device=device)
+        logits.append(model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1])
+        caches.append(cache)
+        active.append(index)
+    if not active:
+        return outputs
+    generators = [torch.Generator(device="cpu").manual_seed(request.seed) for request in requests]
+    batch = BatchedCache.join(model, caches)
+    while active:
+        feeds, starts, keep = [], [], []
+        for row, index in enumerate(active):
+            request, output = requests[index], outputs[index]
+            token = _next_token(
+                logits[row], output, request, generators[index], temperature, eos_token_id, repetition_penalty
+            )
+            output.append(token)
+            if on_token is not None:
+                on_token(token)
+            if len(output) < request.max_new_tokens and token != eos_token_id:
+                keep.append(row)
+                feeds.append([token])
+                starts.append(len(request.prompt_ids) + len(output) - 1)
+        if len(keep) < len(active):
+            active = [active[row] for row in keep]
+            if not active:
+                break
+            batch.keep_rows(keep)
+        logits = [out[-1] for out in forward_rows(model, batch, feeds, starts)]
+    return outputs

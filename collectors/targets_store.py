@@ -99,13 +99,17 @@ def generate_targets_resumable(
     keep: Sequence[dict[str, Any]] = (),
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
+    batch_size: int = 8,
 ) -> TargetsProgress:
-    """Generate this shard's missing responses one request at a time; merge when the run is complete.
+    """Generate this shard's missing responses, ``batch_size`` at a time; merge when the run is complete.
+
+    Request k of ``requests`` is sampled with seed + k whatever the shard or batch, so sharded,
+    batched and one-shot runs give the same rows.
 
     ``keep``: rows already accepted (e.g. an existing targets file being extended); they are
     neither regenerated nor changed and go into the merged file first.
     """
-    from rift_ada.collectors.collect import generate_targets
+    from rift_ada.collectors.collect import generate_target_rows
 
     out_path = Path(out_path)
     parts_dir = parts_dir_of(out_path)
@@ -120,28 +124,31 @@ def generate_targets_resumable(
         lease = ShardLease.acquire(parts_dir / "_leases", f"s{index}of{count}")
     except LeaseHeldError as error:
         raise TargetsError(str(error)) from None
-    skipped = generated = 0
+    todo = [request for request in mine if not _part_path(parts_dir, request.request_id).exists()]
+    skipped, generated = len(mine) - len(todo), 0
     try:
-        for request in mine:
-            part = _part_path(parts_dir, request.request_id)
-            if part.exists():
-                skipped += 1
-                continue
-            generate_targets(
+        for first in range(0, len(todo), batch_size):  # each batch's parts land before the next starts
+            chunk = todo[first : first + batch_size]
+            rows = generate_target_rows(
                 target_model,
                 tokenizer,
-                [request],
-                part,
+                chunk,
+                [seed + index_of[request.request_id] for request in chunk],
                 target_name=target_name,
                 temperature=temperature,
-                seed=seed + index_of[request.request_id],
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=min_new_tokens,
                 repetition_penalty=repetition_penalty,
                 on_request=on_request,
                 on_token=on_token,
+                batch_size=batch_size,
             )
-            generated += 1
+            for request, row in zip(chunk, rows, strict=True):
+                part_meta = {"target_model": target_name, "temperature": temperature, "seed": row["seed"]}
+                if repetition_penalty != 1.0:
+                    part_meta["repetition_penalty"] = repetition_penalty
+                write_targets(_part_path(parts_dir, request.request_id), [row], part_meta)
+                generated += 1
     finally:
         lease.release()
     progress = TargetsProgress(str(out_path), len(mine), skipped, generated, complete=False)

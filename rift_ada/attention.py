@@ -46,14 +46,14 @@ class PendingAttention:
     key_positions: torch.Tensor | None = None
 
 
-def set_pending(layer_idx: int, pending: PendingAttention) -> None:
+def set_pending(layer_idx: int, pending: Any) -> None:
     table = getattr(_slot, "table", None)
     if table is None:
         table = _slot.table = {}
     table[layer_idx] = pending
 
 
-def pop_pending(layer_idx: int) -> PendingAttention | None:
+def pop_pending(layer_idx: int) -> Any:
     table = getattr(_slot, "table", None)
     return None if table is None else table.pop(layer_idx, None)
 
@@ -160,6 +160,12 @@ def _make_interface(base: str) -> Callable[..., Any]:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         pending = pop_pending(getattr(module, "layer_idx", -1))
+        if pending is not None and not isinstance(pending, PendingAttention):  # a batch of requests
+            from rift_ada.batch_cache import batched_attention
+
+            scaling = kwargs.get("scaling") or module.scaling
+            output = batched_attention(module, query, key, value, pending, scaling, _inverse_rope(module, query))
+            return output, None
         if pending is None or (pending.full and not pending.layer.wants_full_probs(pending)):
             if pending is not None:
                 pending.layer.record_queries(query, _inverse_rope(module, query), pending)

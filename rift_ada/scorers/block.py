@@ -19,11 +19,14 @@ def block_scores(scores: torch.Tensor, block_size: int) -> torch.Tensor:
 def block_order_topk(scores: torch.Tensor, k: int, block_size: int) -> torch.Tensor:
     """Choose k positions by whole blocks in order of block score.
 
-    Blocks are ranked by mean score; their positions are taken block after block, so every chosen
-    block is complete except possibly the last, which contributes its highest-scoring positions.
+    Blocks are ranked by mean score (equal scores: the lower block first); their positions are taken
+    block after block, so every chosen block is complete except possibly the last, which contributes
+    its highest-scoring positions (equal scores: the lowest position first).
     """
     n_positions = scores.shape[-1]
-    ranks_of_blocks = torch.argsort(torch.argsort(block_scores(scores, block_size), dim=-1, descending=True), dim=-1)
+    ranks_of_blocks = torch.argsort(
+        torch.argsort(block_scores(scores, block_size), dim=-1, descending=True, stable=True), dim=-1
+    )
     block_of_position = torch.arange(n_positions, device=scores.device) // block_size
     position_block_rank = ranks_of_blocks[..., block_of_position]
     by_score = torch.argsort(scores, dim=-1, descending=True, stable=True)

@@ -35,9 +35,14 @@ class SnapKVScorer:
         group = n_heads // n_kv
         grouped = queries.reshape(batch, n_kv, group, n_queries, head_dim).float()
         logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys.float()) * scaling
-        key_positions = torch.arange(keys.shape[2], device=keys.device)
-        causal = key_positions[None, :] <= query_positions.to(keys.device)[:, None]
-        logits = logits.masked_fill(~causal, float("-inf"))
+        # Only keys after the first window query can be in any window query's future: mask that
+        # tail in place instead of building and applying a mask over all n keys.
+        query_positions = query_positions.to(keys.device)
+        start = max(0, int(query_positions.min()) + 1)
+        if start < keys.shape[2]:
+            tail_positions = torch.arange(start, keys.shape[2], device=keys.device)
+            future = tail_positions[None, :] > query_positions[:, None]
+            logits[..., start:].masked_fill_(future, float("-inf"))
         if sinks is not None:
             sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
             probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]

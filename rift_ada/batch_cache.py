@@ -1,0 +1,347 @@
+"""A batch of requests in one transformers cache: per request its own length, selection, window and policy.
+
+Design (ragged lengths): **per-row state, padded working sets, per-row masks.** Each request
+(row) of a full-attention layer is its own batch-1 `BudgetedLayer` (own stored KV, length,
+selection, window, query buffer, H2O scores, policy), so everything a request does alone it does
+the same way in a batch, and refreshing row i touches row i only. A batched forward feeds every
+row the same number of token slots with per-row position ids; `counts[i]` of them are real (the
+rest are right padding). `BatchedLayer.update` appends each row's real tokens to that row,
+gathers each row's working set, pads the sets to one length and stacks them; the attention
+function masks per row: a real query sees its row's band (window + selection, or everything up
+to itself for full rows), padding sees one dummy key and its output is ignored.
+
+Layers that are not budgeted (Qwen3.5 Gated DeltaNet, Nemotron-H Mamba) keep transformers' own
+batched states. A recurrent state cannot skip padding, so a ragged forward on a model with such
+layers runs once per distinct length, and rows outside the group get their recurrent state put
+back afterwards (`forward_rows`). Built-in sliding-window layers (GPT-OSS) are served by per-row
+`swa` BudgetedLayers of the same window (`BudgetedCache.own_sliding_windows`), because
+transformers' own sliding-window layer masks by one position common to the whole batch.
+
+Requests prefill alone (exactly as a single request does), then join: `BatchedCache.join`.
+Finished requests leave: `BatchedCache.keep_rows`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from rift_ada.attention import PendingAttention, band_mask, pop_pending, set_pending
+from rift_ada.cache import BudgetedCache, BudgetedLayer, CacheError, layers_query_summary, layers_retained_mass
+
+
+@dataclass
+class BatchPending:
+    """The attention note of a batched forward: each row's own note (None: the row is idle)."""
+
+    layer: BatchedLayer
+    rows: list[PendingAttention | None]
+    counts: list[int]
+    sizes: list[int]  # keys of each row in the padded working set
+    n_new: int
+
+
+class BatchedLayer(DynamicLayer):
+    """One full-attention layer of a batch: a batch-1 `BudgetedLayer` per row."""
+
+    def __init__(self, rows: list[BudgetedLayer], layer_idx: int):
+        super().__init__()
+        self.rows = rows
+        self.layer_idx = layer_idx
+        self.counts: list[int] | None = None
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return max(row.length for row in self.rows)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        n_new = key_states.shape[2]
+        counts = self.counts or [n_new] * len(self.rows)
+        if len(self.rows) == 1 and counts[0] == n_new:  # one request: exactly the single-request path
+            return self.rows[0].update(key_states, value_states)
+        parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        notes: list[PendingAttention | None] = []
+        for index, (row, count) in enumerate(zip(self.rows, counts, strict=True)):
+            if count == 0:
+                parts.append(None)
+                notes.append(None)
+                continue
+            rows = slice(index, index + 1)
+            parts.append(row.update(key_states[rows, :, :count], value_states[rows, :, :count]))
+            notes.append(pop_pending(self.layer_idx))
+        sizes = [0 if part is None else part[0].shape[2] for part in parts]
+        width = max(1, max(sizes))
+        batch, n_kv, _, head_dim = key_states.shape
+        if all(size == width for size in sizes):
+            keys = torch.cat([part[0] for part in parts], 0)  # type: ignore[index]
+            values = torch.cat([part[1] for part in parts], 0)  # type: ignore[index]
+        else:
+            keys = key_states.new_zeros(batch, n_kv, width, head_dim)
+            values = value_states.new_zeros(batch, n_kv, width, value_states.shape[3])
+            for index, part in enumerate(parts):
+                if part is not None:
+                    keys[index, :, : sizes[index]] = part[0][0]
+                    values[index, :, : sizes[index]] = part[1][0]
+        set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
+        return keys, values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        for row in self.rows:
+            row.crop(tokens_to_remove)
+
+
+_last_mask: list[Any] = [None, None]  # (key, mask): the layers of one forward mostly share their rows' masks
+
+
+def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
+    notes = tuple(
+        None
+        if note is None
+        else (
+            note.full,
+            note.first_position,
+            note.window,
+            note.window_start,
+            note.n_selected,
+            None if note.prefix_limit is None else int(note.prefix_limit[0]),
+            note.selection_valid is None,
+        )
+        for note in pending.rows
+    )
+    return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv)
+
+
+def batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
+    """(b, kv, q, width) visibility, or None when every query may see every gathered key.
+
+    Every layer of a forward usually has the same rows' lengths and windows, so the last mask is
+    reused when its description matches (rows with per-slot validity masks are never cached)."""
+    key = _mask_key(pending, n_kv)
+    cacheable = all(note is None or note.selection_valid is None for note in pending.rows)
+    if cacheable and _last_mask[0] == key and _last_mask[1] is not None and _last_mask[1].device == device:
+        return _last_mask[1]
+    mask = _batch_mask(pending, n_kv, device)
+    if cacheable:
+        _last_mask[0], _last_mask[1] = key, mask
+    return mask
+
+
+def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
+    width = max(1, max(pending.sizes))
+    every = all(
+        note is not None and count == pending.n_new and size == width and pending.n_new == 1
+        for note, count, size in zip(pending.rows, pending.counts, pending.sizes, strict=True)
+    )
+    if every:  # one new token per row and equal working sets: each token sees all of its own keys
+        return None
+    mask = torch.zeros(len(pending.rows), n_kv, pending.n_new, width, dtype=torch.bool, device=device)
+    mask[:, :, :, 0] = True  # padding queries and idle rows see one dummy key; their output is unused
+    for index, (note, count, size) in enumerate(zip(pending.rows, pending.counts, pending.sizes, strict=True)):
+        if note is None:
+            continue
+        if note.full:
+            key_positions = torch.arange(size, device=device)
+            query_positions = torch.arange(note.first_position, note.first_position + count, device=device)
+            visible = (key_positions[None, :] <= query_positions[:, None])[None, None]
+        else:
+            visible = band_mask(note, device)
+        mask[index, :, :count, :size] = visible[0].expand(n_kv, -1, -1)
+    return mask
+
+
+def batched_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pending: BatchPending,
+    scaling: float,
+    pre_rope_query: torch.Tensor,
+) -> torch.Tensor:
+    """Attention of a batch whose rows have their own working sets; returns (b, q, h, d)."""
+    batch, n_heads, n_queries, head_dim = query.shape
+    n_kv = key.shape[1]
+    group = n_heads // n_kv
+    for index, note in enumerate(pending.rows):
+        if note is not None:
+            count = pending.counts[index]
+            rows = slice(index, index + 1)
+            note.layer.record_queries(query[rows, :, :count], pre_rope_query[rows, :, :count], note)
+    mask = batch_mask(pending, n_kv, key.device)
+    sinks = getattr(module, "sinks", None)
+    needs_probs = any(note is not None and note.layer.needs_probs(note) for note in pending.rows)
+    if sinks is None and not needs_probs:
+        if mask is not None and group > 1:
+            mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
+        )
+        return output.transpose(1, 2).contiguous()
+    grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
+    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
+    if mask is not None:
+        logits = logits.masked_fill(~mask[:, :, None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits, dim=-1)
+    for index, note in enumerate(pending.rows):
+        if note is not None and note.layer.needs_probs(note):
+            count, size = pending.counts[index], pending.sizes[index]
+            note.layer.observe_attention(probs[index : index + 1, :, :, :count, :size], note)
+    output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
+    return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
+
+
+# ---- rows of layers that are not budgeted (recurrent states, plain KV) ----------------------
+def _state_slots(layer: Any) -> Iterator[tuple[dict, Any]]:
+    """(container, key) of every batch-major tensor a transformers cache layer holds."""
+    for name, value in vars(layer).items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            yield vars(layer), name
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, torch.Tensor) and item.dim() >= 1:
+                    yield value, key
+
+
+def _join_layers(layers: Sequence[Any]) -> Any:
+    joined = copy.deepcopy(layers[0])
+    others = [list(_state_slots(layer)) for layer in layers[1:]]
+    for slot, (container, key) in enumerate(_state_slots(joined)):
+        container[key] = torch.cat([container[key], *[slots[slot][0][slots[slot][1]] for slots in others]], 0)
+    return joined
+
+
+def _select_rows(layer: Any, index: torch.Tensor) -> None:
+    for container, key in list(_state_slots(layer)):
+        container[key] = container[key].index_select(0, index.to(container[key].device))
+
+
+class BatchedCache(BudgetedCache):
+    """The cache of a batch of requests (draft: budgeted rows; target: full-policy rows)."""
+
+    def __init__(self, model: torch.nn.Module, caches: Sequence[BudgetedCache]):
+        if not caches:
+            raise CacheError("a batch needs at least one request cache")
+        self.__dict__.update(copy.copy(caches[0].__dict__))  # config-derived fields of a DynamicCache
+        self.layers = []
+        self.budgeted_indices = list(caches[0].budgeted_indices)
+        self.window_indices = list(caches[0].window_indices)
+        self.row_indices = sorted(self.budgeted_indices + self.window_indices)  # layers with per-row lengths
+        if len(caches) > 1 and any(type(layer) is DynamicSlidingWindowLayer for layer in caches[0].layers):
+            raise CacheError(
+                "a batch of requests at different positions needs per-request sliding windows: "
+                "call cache.own_sliding_windows(model) before the prefill"
+            )
+        for index in range(len(caches[0].layers)):
+            if index in self.row_indices:
+                self.layers.append(BatchedLayer([cache.layers[index] for cache in caches], index))
+            else:
+                self.layers.append(_join_layers([cache.layers[index] for cache in caches]))
+        self.policy = caches[0].policy
+
+    @classmethod
+    def join(cls, model: torch.nn.Module, caches: Sequence[BudgetedCache]) -> BatchedCache:
+        """Put prefilled single-request caches (same model) into one batch, in order."""
+        return cls(model, caches)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.layers[self.row_indices[0]].rows)
+
+    @property
+    def has_recurrent_layers(self) -> bool:
+        return any(not isinstance(layer, BatchedLayer) for layer in self.layers)
+
+    def row(self, index: int) -> RowCache:
+        return RowCache([self.layers[i].rows[index] for i in self.budgeted_indices])
+
+    def set_counts(self, counts: list[int] | None) -> None:
+        for index in self.row_indices:
+            self.layers[index].counts = counts
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Drop every row not in ``rows`` (finished requests leave the batch)."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        for position, layer in enumerate(self.layers):
+            if isinstance(layer, BatchedLayer):
+                layer.rows = [layer.rows[i] for i in rows]
+            else:
+                _select_rows(self.layers[position], index)
+
+    def refresh_row(self, index: int) -> None:
+        """Rescore request ``index``'s selection only."""
+        self.row(index).refresh()
+
+    def refresh(self) -> None:
+        for index in range(self.batch_size):
+            self.refresh_row(index)
+
+    def snapshot(self) -> list[Any]:
+        return [
+            [row.snapshot() for row in layer.rows] if isinstance(layer, BatchedLayer) else copy.deepcopy(layer)
+            for layer in self.layers
+        ]
+
+    def restore(self, states: list[Any]) -> None:
+        for index, state in enumerate(states):
+            layer = self.layers[index]
+            if isinstance(layer, BatchedLayer):
+                for row, row_state in zip(layer.rows, state, strict=True):
+                    row.restore(row_state)
+            else:
+                self.layers[index] = copy.deepcopy(state)
+
+    def recurrent_state(self) -> list[list[torch.Tensor]]:
+        """Copies of every non-budgeted layer's batch-major tensors (to put rows back after a forward)."""
+        return [
+            [container[key].clone() for container, key in _state_slots(layer)]
+            for layer in self.layers
+            if not isinstance(layer, BatchedLayer)
+        ]
+
+    def put_back_rows(self, saved: list[list[torch.Tensor]], rows: torch.Tensor) -> None:
+        """Restore ``rows`` (bool, batch) of the non-budgeted layers to ``saved``."""
+        others = [layer for layer in self.layers if not isinstance(layer, BatchedLayer)]
+        for layer, tensors in zip(others, saved, strict=True):
+            for (container, key), old in zip(_state_slots(layer), tensors, strict=True):
+                current = container[key]
+                if current.shape != old.shape:
+                    raise CacheError(f"{type(layer).__name__}.{key}: state changed shape during a grouped forward")
+                current[rows.to(current.device)] = old[rows.to(current.device)]
+
+    def query_summary(self) -> list[list[list[float]]] | None:
+        raise CacheError("a batched cache has one query summary per request: use cache.row(i).query_summary()")
+
+    def retained_mass(self, n_queries: int = 8) -> float:
+        raise CacheError("a batched cache has one retained mass per request: use cache.row(i).retained_mass()")
+
+
+class RowCache:
+    """One request's view of a batched draft cache: what a refresh hook sees."""
+
+    def __init__(self, layers: list[BudgetedLayer]):
+        self.budgeted_layers = layers
+
+    def refresh(self) -> None:
+        for layer in self.budgeted_layers:
+            layer.refresh()
+
+    def query_summary(self) -> list[list[list[float]]] | None:
+        return layers_query_summary(self.budgeted_layers)
+
+    def retained_mass(self, n_queries: int = 8) -> float:
+        return layers_retained_mass(self.budgeted_layers, n_queries)
+
+    def selections(self) -> list[torch.Tensor | None]:
+        return [layer.selection for layer in self.budgeted_layers]

@@ -1,0 +1,86 @@
+"""`rift-ada targets` / `collect --mode closed` with --batch-size, --free-running and --dtype on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from rift_ada.cli.app import app
+from rift_ada.collectors.collect import closed_results
+from rift_ada.collectors.targets_io import read_targets
+from rift_ada.collectors.trace_io import read_tables
+from rift_ada.models import PRESETS, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A 2-layer random llama with the embedded SmolLM2 tokenizer, and a 3-prompt JSONL dataset."""
+    _, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    prompts = ["Explain the sections in order.", "List three numbers and a word.", "Say something short."]
+    dataset = path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(prompts)))
+    return path
+
+
+def _invoke(arguments: list[str]) -> None:
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+
+
+def test_targets_and_free_running_closed_loop_are_batch_invariant(tiny_dir, tmp_path):
+    common = ["--model", str(tiny_dir), "--temp", "1", "--dataset", f"jsonl:{tiny_dir / 'prompts.jsonl'}"]
+    for batch in ("1", "3"):
+        out = str(tmp_path / f"t{batch}.parquet")
+        _invoke(["targets", *common, "--max-new-tokens", "14", "--batch-size", batch, "--out", out])
+    one, three = (read_targets(tmp_path / f"t{batch}.parquet") for batch in ("1", "3"))
+    assert [row["response_token_ids"] for row in one] == [row["response_token_ids"] for row in three]
+    assert all(len(row["response_token_ids"]) >= 1 for row in one)
+
+    runs = {}
+    for batch in ("1", "4"):
+        out = tmp_path / f"closed{batch}"
+        _invoke(
+            [
+                "collect", *common, "--mode", "closed", "--free-running", "--policy", "stat", "--policy", "periodic:8",
+                "--budget", "128", "--targets", str(tmp_path / "t1.parquet"), "--batch-size", batch, "--out", str(out),
+            ]
+        )  # fmt: skip
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["free_running"] is True and manifest["dtype"] == "float32"
+        runs[batch] = read_tables(out, kinds=["rounds"])["rounds"].to_pydict()
+        totals = closed_results(out)
+        for label in ("stat", "periodic:8"):
+            expected = {row["request_id"]: len(row["response_token_ids"]) for row in one}
+            assert dict(zip(totals[label]["request_id"], totals[label]["committed"], strict=True)) == expected
+    key = ("request_id", "policy", "round", "accepted")
+    order = sorted(range(len(runs["1"]["round"])), key=lambda i: tuple(runs["1"][k][i] for k in key[:3]))
+    order4 = sorted(range(len(runs["4"]["round"])), key=lambda i: tuple(runs["4"][k][i] for k in key[:3]))
+    assert [[runs["1"][k][i] for k in key] for i in order] == [[runs["4"][k][i] for k in key] for i in order4]
+
+
+def test_free_running_needs_closed_mode_and_bad_dtype_is_named(tiny_dir, tmp_path):
+    common = ["--model", str(tiny_dir), "--dataset", f"jsonl:{tiny_dir / 'prompts.jsonl'}"]
+    arguments = ["collect", *common, "--temp", "1", "--free-running", "--out", str(tmp_path / "p")]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code != 0 and "--free-running applies to --mode closed only" in result.output
+    result = CliRunner().invoke(app, ["targets", *common, "--dtype", "float8", "--out", str(tmp_path / "t.parquet")])
+    assert result.exit_code != 0 and "dtype must be one of float32, bfloat16, float16" in result.output
