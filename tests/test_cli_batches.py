@@ -61,7 +61,8 @@ def test_targets_and_free_running_closed_loop_are_batch_invariant(tiny_dir, tmp_
         _invoke(
             [
                 "collect", *common, "--mode", "closed", "--free-running", "--policy", "stat", "--policy", "periodic:8",
-                "--budget", "128", "--targets", str(tmp_path / "t1.parquet"), "--batch-size", batch, "--out", str(out),
+                "--budget", "128", "--targets", str(tmp_path / "t1.parquet"), "--max-new-tokens", "14",
+                "--batch-size", batch, "--out", str(out),
             ]
         )  # fmt: skip
         manifest = json.loads((out / "manifest.json").read_text())
@@ -81,6 +82,6 @@ def test_free_running_needs_closed_mode_and_bad_dtype_is_named(tiny_dir, tmp_pat
     common = ["--model", str(tiny_dir), "--dataset", f"jsonl:{tiny_dir / 'prompts.jsonl'}"]
     arguments = ["collect", *common, "--temp", "1", "--free-running", "--out", str(tmp_path / "p")]
     result = CliRunner().invoke(app, arguments)
-    assert result.exit_code != 0 and "--free-running applies to --mode closed only" in result.output
+    assert result.exit_code == 2 and "'--free-running': applies to --mode closed only" in result.output
     result = CliRunner().invoke(app, ["targets", *common, "--dtype", "float8", "--out", str(tmp_path / "t.parquet")])
-    assert result.exit_code != 0 and "dtype must be one of float32, bfloat16, float16" in result.output
+    assert result.exit_code == 2 and "'--dtype'" in result.output and "float8" in result.output
