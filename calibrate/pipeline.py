@@ -184,11 +184,17 @@ def _matched_rate_baseline(evaluator: PolicyEvaluator, rate: float) -> str:
     """The longest periodic interval that refreshes at least ``rate`` times per 1K on the selection split.
 
     Periodic refreshes fall (weakly) as the interval grows, so a binary search over
-    [1, 1000 / rate] finds it in about ten replays; ``stat`` when the controller never refreshes.
+    [1, min(1000 / rate, oldest probed age)] finds it in about ten replays; ``stat`` when the
+    controller never refreshes.
     """
     if rate <= 0:
         return "stat"
-    low, high = 1, max(1, int(math.floor(1000.0 / rate)))
+    traces = evaluator.traces
+    # Intervals past the oldest probed arm cannot be replayed (unless no response is that long).
+    high = max(1, int(math.floor(1000.0 / rate)))
+    if int(traces.osl.max()) - 1 > int(traces.age_grid.max()):
+        high = min(high, int(traces.age_grid.max()))
+    low = 1
     if evaluator.evaluate(f"periodic:{high}")[1] >= rate:
         return f"periodic:{high}"
     while high - low > 1:  # invariant: rate(low) >= target > rate(high)

@@ -63,7 +63,7 @@ def scalar_replay(
         while n < osl:
             arm = arm_for_round(traces, n - session.last_refresh, r, n)
 
-            def accepted(i: int) -> bool:
+            def accepted(i: int, r: int = r, arm: int = arm) -> bool:
                 value = float(traces.outcome[r, arm, i])
                 if uniforms is None:
                     return value > 0.5
