@@ -42,9 +42,16 @@ def arm_for_round(traces: ProbeTraces, age: int, request: int, n: int) -> int:
 
 
 def scalar_replay(
-    traces: ProbeTraces, controller: dict[str, Any], seed: int = 0, replica: int = 0, replicas: int = 4
+    traces: ProbeTraces,
+    controller: dict[str, Any],
+    seed: int = 0,
+    replica: int = 0,
+    replicas: int = 4,
+    decisions: list[tuple[int, int, dict[str, float | None]]] | None = None,
 ) -> list[tuple[list[int], int]]:
     """(refresh positions, rounds) per request, from a Controller driven by hand.
+
+    ``decisions`` collects (request, n_committed, signals) at every decision the session makes.
 
     At T > 0 position i of request r is accepted under arm a when u[replica, r, i] < p[r, a, i], with
     u = numpy.random.default_rng(seed).random((replicas, R, P)) (the documented sampling contract).
@@ -78,7 +85,10 @@ def scalar_replay(
             n += accepted_len
             if drift is not None:
                 session.record_query_drift(float(drift[r, arm, (n - 1) // traces.decision_stride]))
+            before = session.decisions
             session.decide(n)
+            if decisions is not None and session.decisions > before:
+                decisions.append((r, n, session.last_signals))
             rounds += 1
         results.append((list(session.refresh_positions), rounds))
     return results
