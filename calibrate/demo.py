@@ -56,7 +56,7 @@ class DemoSize:
 
 DEMO_SIZES: dict[str, DemoSize] = {
     "tiny": DemoSize(
-        n_requests=4, output_tokens=40, trials=16, temperatures=(0.0,), table_at=(0.0,), arm_ages=(0, 16, 32)
+        n_requests=4, output_tokens=40, trials=16, temperatures=(0.0,), table_at=(0.0,), arm_ages=(0, 16, 32, 48)
     ),
     "small": DemoSize(n_requests=6, output_tokens=112, trials=120, table_at=(0.0,)),
     "full": DemoSize(

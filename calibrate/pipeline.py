@@ -123,19 +123,19 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
 
 
-def _fit_score(traces: ProbeTraces, signals: Sequence[str]) -> Any:
+def _fit_score(traces: ProbeTraces, signals: Sequence[str], seed: int = 0) -> Any:
     """ScorePolicy fitted (NNLS on counterfactual refresh gains) on the calibration split."""
     from rift_ada.policies.score import ScorePolicy
 
     try:
-        return ScorePolicy().fit(traces, signals=list(signals))
+        return ScorePolicy().fit(traces, signals=list(signals), seed=seed)
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the score family on the calibration split: {exc}") from exc
 
 
-def _score_grid(fitted: Any, traces: ProbeTraces) -> tuple[float, ...]:
+def _score_grid(fitted: Any, traces: ProbeTraces, seed: int = 0) -> tuple[float, ...]:
     """Thresholds over the percentiles of the fitted score at the calibration decision points."""
-    values = np.asarray(fitted.score_values(decision_signals(traces)), dtype=np.float64)
+    values = np.asarray(fitted.score_values(decision_signals(traces, seed=seed)), dtype=np.float64)
     return percentile_grid(values[np.isfinite(values)], SCORE_PERCENTILES)
 
 
@@ -232,24 +232,50 @@ def _finite_dict(interval: Interval) -> dict[str, Any]:
     return out
 
 
-def _verdict(op: OperatingPoint, comparisons: list[dict[str, Any]], reference_label: str) -> dict[str, Any]:
-    if op.chosen_by == "reference_baseline":
+DEFAULT_MARGIN = 0.01  # non-inferiority margin: 1% of the reference AL
+
+
+def verdict(
+    comparisons: list[dict[str, Any]],
+    reference_label: str,
+    *,
+    reference_al: float,
+    margin: float = DEFAULT_MARGIN,
+    chosen_is_reference: bool = False,
+    notes: Sequence[str] = (),
+    source: str = "replay",
+) -> dict[str, Any]:
+    """Gain verdict from the two paired-bootstrap comparisons (vs the reference, vs matched rate).
+
+    A gain needs: the refresh-reduction CI vs the reference above 0; AL kept, i.e. the lower CI
+    bound of the AL difference vs the reference >= -margin x reference AL (non-inferiority); and
+    the AL difference vs periodic at the controller's own rate significantly above 0.
+    """
+    margin_al = float(margin) * float(reference_al)
+    margin_info = {"fraction": float(margin), "al": margin_al, "reference_al": float(reference_al)}
+    if chosen_is_reference:
         return {
             "gain": False,
+            "source": source,
+            "margin": margin_info,
             "text": f"**No gain.** No adaptive trial beat {reference_label} on the selection split at matched "
             f"AL or matched refreshes; the exported controller is the periodic reference itself.",
-            "reasons": list(op.notes),
+            "reasons": list(notes),
         }
     vs_ref, vs_rate = comparisons[0], comparisons[1]
     red, d_ref, d_rate = vs_ref["refresh_reduction"], vs_ref["al_difference"], vs_rate["al_difference"]
     reasons: list[str] = []
     saves = bool(red and red["low"] is not None and red["low"] > 0)
-    al_kept = bool(d_ref["high"] is not None and d_ref["high"] >= 0)
+    al_kept = bool(d_ref["low"] is not None and d_ref["low"] >= -margin_al)
     beats_curve = bool(d_rate["low"] is not None and d_rate["low"] > 0)
+    margin_text = f"margin {100 * margin:g}% of the reference AL = {margin_al:.3f}"
     if not saves:
         reasons.append(f"the refresh-reduction CI vs {reference_label} does not exclude 0")
     if not al_kept:
-        reasons.append(f"AL is significantly below {reference_label}")
+        reasons.append(
+            f"AL is not shown non-inferior to {reference_label}: the CI's lower bound "
+            f"{_n(d_ref['low'])} is below -{margin_al:.3f} ({margin_text})"
+        )
     if not beats_curve:
         reasons.append(
             f"AL is not significantly above periodic refresh at the controller's own rate ({vs_rate['baseline']}): "
@@ -261,18 +287,20 @@ def _verdict(op: OperatingPoint, comparisons: list[dict[str, Any]], reference_la
         red_text += f"{100 * (red['high'] or 0):.1f}%]"
     ci = f"AL difference {d_ref['estimate']:+.3f} [{_n(d_ref['low'])}, {_n(d_ref['high'])}]"
     ci_rate = f"{d_rate['estimate']:+.3f} [{_n(d_rate['low'])}, {_n(d_rate['high'])}]"
+    where = "in the closed loop" if source == "closed loop" else "by replay"
     if gain:
         text = (
-            f"**Gain confirmed** on the held-out confirmation split: {red_text} fewer refreshes than "
-            f"{reference_label} ({ci}); against {vs_rate['baseline']} (as many refreshes or more) the AL "
-            f"difference is {ci_rate}."
+            f"**Gain confirmed** on the held-out confirmation split ({where}): {red_text} fewer refreshes than "
+            f"{reference_label} ({ci}; AL kept: non-inferior with {margin_text}); against {vs_rate['baseline']} "
+            f"(as many refreshes or more) the AL difference is {ci_rate}."
         )
     else:
         text = (
-            f"**No confirmed gain** over periodic refresh. Refresh reduction vs {reference_label}: {red_text}, "
-            f"{ci}; vs {vs_rate['baseline']}: AL difference {ci_rate}. Why: " + "; ".join(reasons) + "."
+            f"**No confirmed gain** over periodic refresh ({where}). Refresh reduction vs {reference_label}: "
+            f"{red_text}, {ci}; vs {vs_rate['baseline']}: AL difference {ci_rate}; non-inferiority "
+            f"{margin_text}. Why: " + "; ".join(reasons) + "."
         )
-    return {"gain": gain, "text": text, "reasons": reasons}
+    return {"gain": gain, "source": source, "margin": margin_info, "text": text, "reasons": reasons}
 
 
 def _n(value: float | None) -> str:
@@ -305,6 +333,7 @@ def calibrate(
     n_resamples: int = 9999,
     cache: dict[str, Any] | None = None,
     schedule: dict[str, Any] | None = None,
+    margin: float = DEFAULT_MARGIN,
 ) -> CalibrationResult:
     """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
 
@@ -316,7 +345,8 @@ def calibrate(
     ``trials`` counts searched trials; the baselines are added on top. ``progress`` is a callable
     ``(stage, done, total)`` or a rich ``Progress``; ``log`` gets one-line milestones (split sizes,
     the chosen point, the verdict), ``None`` silences them. ``signals`` restricts the signals the
-    search may use (default: all five, ``query_drift`` only when the traces carry it).
+    search may use (default: all five, ``query_drift`` only when the traces carry it). ``margin``:
+    the non-inferiority margin of "AL kept", a fraction of the reference's confirmation AL.
     """
     t0 = time.monotonic()
     report = _Progress(progress)
@@ -333,6 +363,8 @@ def calibrate(
         raise CalibrationError(f"families must be a non-empty subset of {list(FAMILIES)}, got {list(families)}")
     if trials < 0:
         raise CalibrationError(f"trials must be non-negative, got {trials}")
+    if not 0.0 <= margin < 1.0:
+        raise CalibrationError(f"margin must be a fraction of the reference AL in [0, 1), got {margin}")
     if signals is None:
         signals = tuple(s for s in SIGNALS if s != "query_drift" or "query_drift" in traces.stride_signals)
     selected_signals = tuple(signals)
@@ -351,13 +383,13 @@ def calibrate(
     conf_traces = traces.subset(splits.confirmation)
 
     # 2. grids (and the fitted score) from the calibration split
-    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals)
+    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals, seed=seed)
     score_terms: tuple[dict[str, Any], ...] = ()
     score_grid: tuple[float, ...] = ()
     if "score" in families:
-        fitted = _fit_score(cal_traces, selected_signals)
+        fitted = _fit_score(cal_traces, selected_signals, seed)
         score_terms = tuple(term.to_json() for term in fitted.terms)
-        score_grid = _score_grid(fitted, cal_traces)
+        score_grid = _score_grid(fitted, cal_traces, seed)
     space = SearchSpace(
         grids=dict(grids.values), families=tuple(families), score_terms=score_terms, score_grid=score_grid
     )
@@ -464,13 +496,20 @@ def calibrate(
             n_resamples=n_resamples,
         ),
     ]
-    verdict = _verdict(op, comparisons, reference_label)
+    decision = verdict(
+        comparisons,
+        reference_label,
+        reference_al=policies[reference_label]["mean_al"],
+        margin=margin,
+        chosen_is_reference=op.chosen_by == "reference_baseline",
+        notes=op.notes,
+    )
     say(
         f"chosen: trial {chosen.number} ({chosen.family}, {op.chosen_by.replace('_', ' ')}), "
         f"selection AL {chosen.al:.3f} at {chosen.refreshes_per_1k:.2f} refreshes/1K vs {reference_label} "
         f"AL {op.reference.al:.3f} at {op.reference.refreshes_per_1k:.2f}"
     )
-    say("confirmation: " + ("gain confirmed" if verdict["gain"] else "no confirmed gain"))
+    say("confirmation: " + ("gain confirmed" if decision["gain"] else "no confirmed gain"))
     confirmation = {
         "n_requests": int(len(splits.confirmation)),
         "request_ids": [str(x) for x in conf_traces.requests["request_id"]],
@@ -481,7 +520,8 @@ def calibrate(
         "policy_order": list(policies),
         "policies": policies,
         "comparisons": comparisons,
-        "verdict": verdict,
+        "margin": decision["margin"],
+        "verdict": decision,
     }
 
     # 6. export
@@ -525,7 +565,9 @@ def calibrate(
         "confirmation": {
             "n_requests": confirmation["n_requests"],
             "comparisons": comparisons,
-            "gain": verdict["gain"],
+            "margin": decision["margin"],
+            "gain": decision["gain"],
+            "source": "replay",
         },
     }
     export_policy = chosen.policy if not chosen.baseline else {"kind": "periodic", "interval": int(reference_interval)}

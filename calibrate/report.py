@@ -171,6 +171,20 @@ def plot_al_by_position(calibration: dict[str, Any], path: str | os.PathLike[str
     return Path(path)
 
 
+def _margin_lines(conf: dict[str, Any]) -> list[str]:
+    """The non-inferiority margin the verdict used (and where the verdict comes from)."""
+    margin = conf["verdict"].get("margin") or conf.get("margin")
+    if not margin:
+        return []
+    source = conf["verdict"].get("source", "replay")
+    return [
+        f"Verdict source: {source}. \"AL kept\" means non-inferiority: the lower 95% CI bound of the AL "
+        f"difference vs the reference is >= -{margin['al']:.3f} AL (margin {100 * margin['fraction']:g}% of "
+        f"the reference AL {margin['reference_al']:.3f}).",
+        "",
+    ]
+
+
 def render_markdown(calibration: dict[str, Any]) -> str:
     """The report text (tables only need ``calibration``)."""
     c = calibration
@@ -189,6 +203,7 @@ def render_markdown(calibration: dict[str, Any]) -> str:
         "",
         conf["verdict"]["text"],
         "",
+        *_margin_lines(conf),
         "## Splits",
         "",
         "Seeded, disjoint, stratified by dataset category and ISL bucket; the request ids of each "

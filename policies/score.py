@@ -202,7 +202,7 @@ class ScorePolicy(Policy):
         from scipy.optimize import nnls
 
         samples = (
-            traces if isinstance(traces, SignalSamples) else counterfactual_samples(traces, horizon=horizon)
+            traces if isinstance(traces, SignalSamples) else counterfactual_samples(traces, horizon=horizon, seed=seed)
         )
         names = list(signals) if signals is not None else list(SIGNAL_NAMES)
         unknown = [name for name in names if name not in SIGNAL_NAMES]
