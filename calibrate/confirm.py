@@ -279,7 +279,7 @@ def confirm_closed_from_traces(
     traces_dir: str | Path,
     *,
     model: str,
-    device: str = "cpu",
+    device: str | None = None,
     targets_path: str | Path | None = None,
     margin: float | None = None,
     on_request: Callable[[str, int], None] | None = None,
@@ -288,7 +288,8 @@ def confirm_closed_from_traces(
 
     Requests come from the probe manifest's dataset, targets from ``targets_path`` (default: the
     file ``rift-ada collect`` wrote beside the probe directory, ``<probe>-targets.parquet``), the
-    cache settings from the probe manifest. Attaches the result (see :func:`attach_closed_confirmation`).
+    cache settings from the probe manifest; ``device`` defaults to CUDA when available. Attaches the
+    result (see :func:`attach_closed_confirmation`).
     """
     from rift_ada.collectors.pipeline import load_pair, load_requests
     from rift_ada.collectors.targets_io import read_targets
@@ -301,6 +302,10 @@ def confirm_closed_from_traces(
     calibration = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))
     controller = json.loads((folder / calibration.get("controller", "controller.json")).read_text(encoding="utf-8"))
     settings = settings_from_manifest(read_manifest(traces))
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     pair = load_pair(model, device=device)
     requests = load_requests(settings.dataset, pair.tokenizer)
     confirmation = confirm_closed(

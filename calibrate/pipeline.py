@@ -303,6 +303,25 @@ def verdict(
     return {"gain": gain, "source": source, "margin": margin_info, "text": text, "reasons": reasons}
 
 
+def describe_sampler(sampler: Any, *, seed: int, workers: int = 1) -> str:
+    """What the study's sampler object is, read from it (class and its settings), for provenance."""
+    settings: dict[str, Any] = {}
+    for key, attribute in (
+        ("n_startup_trials", "_n_startup_trials"),
+        ("n_ei_candidates", "_n_ei_candidates"),
+        ("group", "_group"),
+        ("constant_liar", "_constant_liar"),
+    ):
+        if hasattr(sampler, attribute):
+            settings[key] = getattr(sampler, attribute)
+    parzen = getattr(sampler, "_parzen_estimator_parameters", None)
+    if parzen is not None and hasattr(parzen, "multivariate"):
+        settings["multivariate"] = bool(parzen.multivariate)
+    seeds = f"seed {seed}" if workers <= 1 else f"seeds {seed}..{seed + workers - 1} (one per worker)"
+    shown = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return f"{type(sampler).__name__}({shown}), {seeds}"
+
+
 def _n(value: float | None) -> str:
     return "nan" if value is None else f"{value:+.3f}"
 
@@ -549,7 +568,7 @@ def calibrate(
             "trials": int(trials),
             "baselines": list(baselines),
             "complete": n_complete,
-            "sampler": "TPESampler(multivariate, group, constant_liar), seeded",
+            "sampler": describe_sampler(study.sampler, seed=int(seed), workers=int(workers)),
             "objectives": ["mean_al:maximize", "refreshes_per_1k:minimize"],
             "search_space": space.fingerprint(),
         },

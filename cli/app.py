@@ -272,6 +272,12 @@ def calibrate(
     workers: Annotated[int, typer.Option(help="Worker processes filling the study.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of splits, sampler and bootstrap.")] = 0,
     reference_interval: Annotated[int, typer.Option(help="Periodic Δ whose AL the controller must match.")] = 128,
+    margin: Annotated[
+        float, typer.Option(help="Non-inferiority margin of 'AL kept', a fraction of the reference AL.")
+    ] = 0.01,
+    confirm: Annotated[
+        str, typer.Option(help="replay, or closed: rerun the controller and its baselines in the real loop.")
+    ] = "replay",
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     from rift_ada.calibrate.pipeline import calibrate as run_calibration
@@ -282,6 +288,8 @@ def calibrate(
     name = f"{model}-T{temp:g}"
     traces = traces or Path("runs") / name / "probe"
     out = out or Path("runs") / name / "calibration"
+    if confirm not in ("replay", "closed"):
+        _fail(ValueError(f"--confirm: expected replay or closed, got {confirm!r}"))
     controller_out = controller_out or Path("controllers") / f"{name}.json"
     try:
         preset = resolve_preset(model)
@@ -308,7 +316,17 @@ def calibrate(
                 reference_interval=reference_interval,
                 manifest_hash=manifest_hash(traces),
                 progress=report,
+                margin=margin,
             )
+            if confirm == "closed":
+                import json
+
+                from rift_ada.calibrate.confirm import confirm_closed_from_traces
+
+                progress.update(task, description="closed-loop confirmation", completed=0, total=None)
+                confirm_closed_from_traces(out, traces, model=model, margin=margin)
+                result.calibration = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
+                result.controller = json.loads(result.controller_path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
         _fail(error)
     from rift_ada.calibrate.export import export_controller
@@ -318,7 +336,7 @@ def calibrate(
     table = Table(title=f"Confirmation split ({confirmation['n_requests']} requests, paired bootstrap 95% CI)")
     for column in ("comparison", "baseline", "refresh reduction", "AL difference"):
         table.add_column(column)
-    for comparison in confirmation["comparisons"]:
+    for comparison in confirmation.get("closed_loop", confirmation)["comparisons"]:
         reduction, difference = comparison["refresh_reduction"], comparison["al_difference"]
         table.add_row(
             comparison["name"], comparison["baseline"],

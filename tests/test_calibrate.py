@@ -338,3 +338,32 @@ def test_al_kept_means_non_inferior_within_the_margin() -> None:
     assert not wide["gain"] and any("non-inferior" in reason for reason in wide["reasons"])
     assert verdict(comparisons(-0.09), "periodic:128", reference_al=8.0, margin=0.02)["gain"]
     assert not verdict(comparisons(-0.07), "periodic:128", reference_al=8.0, margin=0.0)["gain"]
+
+
+def test_gate_space_expresses_the_papers_five_condition_any_gate():
+    grids = {s: (0.1, 0.2, 0.3) for s in SIGNALS}
+    space = SearchSpace(grids=grids, families=("gate",))
+    order = ("acceptance", "entropy", "acceptance_drop", "entropy_rise", "query_drift")
+    params = {"family": "gate", "gate_rules": 5, "gate_combine": "any", "gate_drift": "none"}
+    for i, signal in enumerate(order):
+        params[f"gate_rule{i}_signal"] = signal
+        params[f"gate_rule{i}_{signal}_q"] = 1
+    family, policy = space.suggest(optuna.trial.FixedTrial(params))
+    assert family == "gate"
+    assert policy == {
+        "kind": "gate",
+        "any": [
+            {"signal": "acceptance", "op": "<=", "value": 0.2},
+            {"signal": "entropy", "op": ">=", "value": 0.2},
+            {"signal": "acceptance_drop", "op": ">=", "value": 0.2},
+            {"signal": "entropy_rise", "op": ">=", "value": 0.2},
+            {"signal": "query_drift", "op": ">=", "value": 0.2},
+        ],
+    }
+    Controller.from_dict(make_controller_dict(policy, name="paper", draft="d", target="t", temperature=0.0))
+
+
+def test_sampler_provenance_is_read_from_the_sampler(planted_run):
+    sampler = planted_run.calibration["study"]["sampler"]
+    assert sampler.startswith("TPESampler(") and "constant_liar=False" in sampler and "seed 0" in sampler
+    assert planted_run.controller["calibration"]["study"]["sampler"] == sampler
