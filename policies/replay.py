@@ -45,7 +45,7 @@ from rift_ada.controller import (
     policy_signals,
     validate_controller_dict,
 )
-from rift_ada.policies.signals import SignalEngine
+from rift_ada.policies.signals import SignalEngine, knot_transform_lanes
 
 __all__ = [
     "DEFAULT_REPLICAS",
@@ -502,7 +502,7 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
             value = signals[name][sl]
             z = (value - values[mean]) * values[factor]
             if knots is not None:
-                z = _knot_transform(z, values[knots[0]], values[knots[1]], values[knots[2]])
+                z = knot_transform_lanes(z, values[knots[0]], values[knots[1]], values[knots[2]])
             contribution = values[weight] * z
             if may_be_nan:
                 contribution = np.where(np.isnan(value), 0.0, contribution)
@@ -510,22 +510,6 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
         return np.greater_equal(total, values[threshold])
 
     return _Evaluator(params, fires)
-
-
-def _knot_transform(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
-    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
-
-    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
-    """
-    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
-    count = np.sum(z[:, None] >= xs, axis=1)
-    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
-    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
-    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
-    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
-    inside = y0 + slope * (z - x0)
-    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
-    return np.where(z >= xs[:, -1], ys[:, -1], inside)
 
 
 def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:

@@ -17,6 +17,7 @@ import numpy as np
 from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
 from rift_ada.controller import SIGNAL_NAMES, validate_policy
 from rift_ada.policies.periodic import Policy
+from rift_ada.policies.signals import knot_transform_array
 
 __all__ = ["ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
 
@@ -137,16 +138,6 @@ def counterfactual_samples(
     )
 
 
-def _transform(z: np.ndarray, knots: Sequence[Sequence[float]]) -> np.ndarray:
-    xs = np.array([x for x, _ in knots], dtype=np.float64)
-    ys = np.array([y for _, y in knots], dtype=np.float64)
-    slopes = np.array([(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)])
-    segment = np.clip(np.searchsorted(xs, z, side="right") - 1, 0, len(xs) - 2)
-    inside = ys[segment] + slopes[segment] * (z - xs[segment])
-    inside = np.where(z <= xs[0], ys[0], inside)
-    return np.where(z >= xs[-1], ys[-1], inside)
-
-
 @dataclasses.dataclass
 class ScorePolicy(Policy):
     """Fire when ``sum_j weight_j * g_j(orientation_j * (signal_j - mean_j) / scale_j) >= threshold``."""
@@ -177,7 +168,7 @@ class ScorePolicy(Policy):
             value = np.asarray(signals[term.signal], dtype=np.float64)
             z = (value - term.mean) * (term.orientation / term.scale)
             if term.knots is not None:
-                z = _transform(z, term.knots)
+                z = knot_transform_array(z, term.knots)
             total = total + np.where(np.isnan(value), 0.0, term.weight * z)
         return np.asarray(total, dtype=np.float64)
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from rift_ada.controller import SIGNAL_NAMES
 
-__all__ = ["SignalEngine"]
+__all__ = ["SignalEngine", "knot_transform_lanes", "knot_transform_array"]
 
 
 class SignalEngine:
@@ -150,3 +150,28 @@ def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np
     """Set ``base`` (in place) to ``value`` where ``ready``, no baseline is held and the value exists."""
     np.putmask(base, ready & np.isnan(base) & ~np.isnan(value), value)
     return base
+
+
+def knot_transform_lanes(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
+    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
+
+    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
+    """
+    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
+    count = np.sum(z[:, None] >= xs, axis=1)
+    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
+    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
+    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
+    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
+    inside = y0 + slope * (z - x0)
+    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
+    return np.where(z >= xs[:, -1], ys[:, -1], inside)
+
+
+def knot_transform_array(z: np.ndarray, knots: list[list[float]] | tuple) -> np.ndarray:
+    """:func:`knot_transform_lanes` with one set of ``[x, y]`` knots for every value of ``z``."""
+    xs = np.array([[float(x) for x, _ in knots]])
+    ys = np.array([[float(y) for _, y in knots]])
+    slopes = (ys[:, 1:] - ys[:, :-1]) / (xs[:, 1:] - xs[:, :-1])
+    flat = np.atleast_1d(np.asarray(z, dtype=np.float64))
+    return knot_transform_lanes(flat.ravel(), xs, ys, slopes).reshape(flat.shape)
