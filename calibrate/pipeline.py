@@ -123,6 +123,23 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
 
 
+def check_probed_ages(traces: ProbeTraces, schedule: dict[str, Any], intervals: Sequence[int]) -> None:
+    """Refuse a schedule or periodic baseline whose working sets outgrow the probe arms (replay would)."""
+    if len(traces.age_grid) == 0:
+        raise CalibrationError("the traces have no 'age:N' arms; calibration needs them")
+    oldest = int(traces.age_grid.max())
+    longest = int(traces.osl.max()) - 1 if traces.n_requests else 0
+    wanted = {"schedule.max_age": int(schedule["max_age"])}
+    wanted.update({f"periodic:{int(d)}": min(int(d), int(schedule["max_age"])) for d in intervals})
+    too_old = {name: age for name, age in wanted.items() if min(age, longest) > oldest}
+    if too_old:
+        shown = ", ".join(f"{name} ({age})" for name, age in too_old.items())
+        raise CalibrationError(
+            f"working-set ages beyond the probe arms ({int(traces.age_grid.min())}..{oldest}): {shown}; "
+            f"probe with arms up to {max(too_old.values())} or lower schedule.max_age / the periodic intervals"
+        )
+
+
 def _fit_score(traces: ProbeTraces, signals: Sequence[str], seed: int = 0) -> Any:
     """ScorePolicy fitted (NNLS on counterfactual refresh gains) on the calibration split."""
     from rift_ada.policies.score import ScorePolicy
@@ -391,6 +408,10 @@ def calibrate(
     if unknown_signals or not selected_signals:
         raise CalibrationError(f"signals must be a non-empty subset of {list(SIGNALS)}, got {list(signals)}")
     check_signal_columns(traces, selected_signals)
+    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
+    if schedule:
+        sched.update(schedule)
+    check_probed_ages(traces, sched, [*intervals, reference_interval])
     say = log if log is not None else (lambda _msg: None)
 
     # 1. splits
@@ -418,9 +439,6 @@ def calibrate(
     manifest_cache = traces.manifest.get("cache") if traces.manifest else None
     if isinstance(manifest_cache, dict):  # the manifest may carry more than the controller's fields
         manifest_cache = {k: v for k, v in manifest_cache.items() if k in DEFAULT_CACHE}
-    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
-    if schedule:
-        sched.update(schedule)
     fields = {
         "name": name,
         "draft": draft,

@@ -367,3 +367,10 @@ def test_sampler_provenance_is_read_from_the_sampler(planted_run):
     sampler = planted_run.calibration["study"]["sampler"]
     assert sampler.startswith("TPESampler(") and "constant_liar=False" in sampler and "seed 0" in sampler
     assert planted_run.controller["calibration"]["study"]["sampler"] == sampler
+
+
+def test_schedule_beyond_the_probe_arms_is_refused_before_the_study(tmp_path):
+    traces = synthetic_traces(12, 600, seed=2, arm_ages=(0, 32, 64, 128, 256))
+    with pytest.raises(CalibrationError, match=r"beyond the probe arms \(0\.\.256\): schedule\.max_age \(768\)"):
+        _run(traces, tmp_path)
+    assert not (tmp_path / "study.db").exists()
