@@ -59,6 +59,7 @@ class SignalEngine:
         self.need_acceptance = self.need_drop or "acceptance" in need
         self.need_entropy = self.need_rise or "entropy" in need
         self.need_drift = "query_drift" in need
+        self.need_baselines = self.need_drop or self.need_rise
         self.history: list[np.ndarray] = []  # AL of the last `rounds` rounds, oldest first
         self.entropy_sum = np.zeros(n_lanes)
         self.entropy_count = np.zeros(n_lanes)
@@ -78,7 +79,8 @@ class SignalEngine:
             assert entropy_sum is not None and entropy_count is not None
             self.entropy_sum += entropy_sum
             self.entropy_count += entropy_count
-        self.since_refresh += 1
+        if self.need_baselines:
+            self.since_refresh += 1
 
     def decide(self, decision: np.ndarray, drift: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Signals of every lane (meaningful where ``decision``); updates the decision lanes' state.
@@ -87,7 +89,7 @@ class SignalEngine:
         deciding lane whose window lies after its refresh takes its baselines.
         """
         signals: dict[str, np.ndarray] = {}
-        ready = decision & (self.since_refresh >= self.rounds)
+        ready = decision & (self.since_refresh >= self.rounds) if self.need_baselines else decision
         if self.need_acceptance:
             acceptance = self._ewma()
             signals["acceptance"] = acceptance
@@ -123,8 +125,12 @@ class SignalEngine:
 
     def refreshed(self, refresh: np.ndarray) -> None:
         """The lanes in ``refresh`` refreshed their working set: drop baselines, restart the round count."""
-        np.putmask(self.base_acceptance, refresh, np.nan)
-        np.putmask(self.base_entropy, refresh, np.nan)
+        if not self.need_baselines:
+            return
+        if self.need_drop:
+            np.putmask(self.base_acceptance, refresh, np.nan)
+        if self.need_rise:
+            np.putmask(self.base_entropy, refresh, np.nan)
         np.putmask(self.since_refresh, refresh, 0)
 
     def keep(self, mask: np.ndarray) -> None:
