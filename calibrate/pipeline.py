@@ -44,6 +44,7 @@ from rift_ada.calibrate.study import (
     study_points,
 )
 from rift_ada.collectors.probe_traces import ProbeTraces
+from rift_ada.policies.replay import DEFAULT_REPLICAS
 from rift_ada.policies.space import FAMILIES, SearchSpace
 
 SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
@@ -121,6 +122,18 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         problems.append(f"temperature is {float(have_t)} in the traces but {float(temperature)} was requested")
     if problems:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
+
+
+def _replay_sampling(traces: ProbeTraces, seed: int) -> dict[str, Any]:
+    """How replay sampled acceptance (provenance): exact at T = 0; seeded replicas at T > 0."""
+    if traces.temperature <= 0:
+        return {"mode": "exact (T = 0)", "replicas": 1}
+    return {
+        "mode": "acceptance sampled per position",
+        "replicas": DEFAULT_REPLICAS,
+        "study_and_confirmation_seed": 0,
+        "grids_and_score_fit_seed": int(seed),
+    }
 
 
 def check_probed_ages(traces: ProbeTraces, schedule: dict[str, Any], intervals: Sequence[int]) -> None:
@@ -625,6 +638,7 @@ def calibrate(
         "traces": trace_info,
         "splits": dict(splits.to_dict(), assignment=splits.assignment()),
         "signals": list(selected_signals),
+        "replay": _replay_sampling(traces, seed),
         "grids": grids.to_dict(),
         "space": space.to_dict(),
         "study": {
