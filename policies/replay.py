@@ -864,14 +864,17 @@ def _results(
         order = np.argsort(lanes, kind="stable")
         split = np.searchsorted(lanes[order], np.arange(1, n_lanes))
         positions_by_lane = [p.astype(np.int64) for p in np.split(where[order], split)]
+    if reps > 1:  # per policy and request: mean over the replicas of the bins they reach
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            al_by_position = np.nanmean(al_by_position.reshape(len(labels), reps, n_req, n_bins), axis=1)
+    al_by_position = al_by_position.reshape(len(labels) * n_req, n_bins)
     results = []
     for slot, label in enumerate(labels):
         lanes_of = slice(slot * per_policy, (slot + 1) * per_policy)
         by_replica = (reps, n_req)
         al_rep = al[lanes_of].reshape(by_replica)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            by_position = np.nanmean(al_by_position[lanes_of].reshape(reps, n_req, n_bins), axis=0)
+        by_position = al_by_position[slot * n_req : (slot + 1) * n_req]
         results.append(
             ReplayResult(
                 request_ids=np.asarray(traces.requests["request_id"]),
