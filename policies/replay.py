@@ -220,7 +220,7 @@ def _check_age_range(traces: ProbeTraces, plan: _Plan) -> None:
 
 @dataclass
 class _Tables:
-    accepted: np.ndarray  # (V * R * A * W,): AL of a round starting at n (V replicas)
+    accepted: np.ndarray  # (V * R * A * W,) int16: AL of a round starting at n (V replicas)
     entropy: np.ndarray  # (V * R * A * W,): entropy sum over that round's min(AL, K) first positions
     drift: np.ndarray | None  # (R * A * W,): drift of the stride holding position m - 1 (index m)
     dither: np.ndarray  # (R * W,): arm-mix dither of a round starting at n
@@ -255,6 +255,8 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
     osl = traces.osl
     if np.any(osl > n_pos) or np.any(osl < 0):
         raise ValueError("probe traces: an OSL exceeds the number of positions")
+    if k >= np.iinfo(np.int16).max:
+        raise ValueError(f"draft_length {k} is too large for replay")
     positions = np.arange(width)
     remaining = np.clip(osl[:, None, None] - positions[None, None, :], 0, None)  # (R, 1, W)
     match = _sampled_matches(traces, replicas, seed).reshape(-1, n_arms, n_pos)
@@ -282,7 +284,7 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
     request = np.arange(n_req, dtype=np.float64)[:, None]
     dither = np.modf(_PHI * (positions[None, :] + 1.0) + _SQRT2 * (request + 1.0))[0]
     return _Tables(
-        accepted=accepted_len.reshape(-1),
+        accepted=accepted_len.astype(np.int16).reshape(-1),  # small: the walk reads it at random
         entropy=entropy_sum.reshape(-1),
         drift=drift_table,
         dither=dither.reshape(-1),
@@ -644,8 +646,8 @@ def _run_lanes(
                 mix = tables.dither.take(s.dither_base + n) < arms.weight.take(age)
                 arm = np.where(mix, arms.older.take(age), arm)
             row = s.base + arm + n
-            accepted_len = tables.accepted.take(row)
-            step = accepted_len.astype(np.int64)
+            step = tables.accepted.take(row).astype(np.int64)
+            accepted_len = step.astype(np.float64)
             n_new = n + step
             s.n = n_new
             if engine is not None:
