@@ -45,11 +45,13 @@ def main() -> int:
     parser.add_argument("--positions", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--replicas", type=int, default=None, help="sampling replicas now at T > 0 (default 4)")
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     args = parser.parse_args()
     if args.quick:
         args.requests, args.positions = 20, 1024
     before = load_before(args.before)
-    for temperature in (0.0, 1.0):
+    for temperature in args.temperature:
         traces = synthetic_traces(args.requests, args.positions, temperature=temperature, seed=0)
         fitted = ScorePolicy().fit(traces.subset(np.arange(min(20, args.requests))))
         before._tables(traces)
@@ -57,10 +59,12 @@ def main() -> int:
         for family, batch in policies(temperature, fitted).items():
             times: dict[str, list[float]] = {"before": [], "now": []}
             for _ in range(args.repeats):
-                for name, module in (("before", before), ("now", current)):
-                    start = time.perf_counter()
-                    module.replay_many(traces, batch)
-                    times[name].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                before.replay_many(traces, batch)
+                times["before"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                current.replay_many(traces, batch, replicas=args.replicas)
+                times["now"].append(time.perf_counter() - start)
             rate_before, rate_now = (len(batch) / min(times[key]) for key in ("before", "now"))
             print(
                 f"T={temperature:g} {family:<9} batched eval/s before {rate_before:7.1f}  now {rate_now:7.1f}  "
