@@ -3,7 +3,7 @@
 ``measure_fidelity`` generates target responses, collects probe traces, runs the closed loop
 (teacher-forced at T = 0, free-running rejection sampling at T > 0) for ``stat``, periodic
 refresh and a gate controller, replays the same policies over the probe traces (T > 0: seeded
-replicas, mean and spread) and returns one row per policy. ``benchmarks/bench_fidelity.py`` prints
+replicas, mean and spread) and returns one row per policy. ``benchmarks/fidelity.py`` prints
 the table recorded in docs/calibration.md; a slow test runs a small case. Model code is imported
 only when the function runs.
 """

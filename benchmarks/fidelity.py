@@ -1,7 +1,7 @@
 """Replay vs closed-loop fidelity on the embedded SmolLM2-135M (KV self-speculation).
 
-    .venv/bin/python benchmarks/bench_fidelity.py --out runs/fidelity-T0 --requests 6 --tokens 512 --temp 0
-    .venv/bin/python benchmarks/bench_fidelity.py --out runs/fidelity-T1 --requests 6 --tokens 512 --temp 1
+    .venv/bin/python benchmarks/fidelity.py --out runs/fidelity-T0 --requests 6 --tokens 512 --temp 0
+    .venv/bin/python benchmarks/fidelity.py --out runs/fidelity-T1 --requests 6 --tokens 512 --temp 1
 
 Prints, per policy (stat, periodic, a gate controller), replay AL (T > 0: mean and spread over
 seeded replicas) beside the closed-loop AL (T > 0: free-running rejection sampling) and both

@@ -1,8 +1,8 @@
 """Replay throughput side by side: an earlier ``policies/replay.py`` vs the current one, interleaved.
 
     git show c98ee1e:policies/replay.py > /tmp/replay_before.py
-    .venv/bin/python benchmarks/bench_replay_compare.py --before /tmp/replay_before.py            # 100 x 4096
-    .venv/bin/python benchmarks/bench_replay_compare.py --before /tmp/replay_before.py --quick    # 20 x 1024
+    .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py            # 100 x 4096
+    .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py --quick    # 20 x 1024
 
 Both versions replay the same batches of 32 policies per family (as ``bench_replay.py``) on the
 same synthetic traces; runs alternate before / now so that machine load hits both alike, and the
