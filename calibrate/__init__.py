@@ -40,6 +40,13 @@ _EXPORTS: dict[str, str] = {
     "CalibrationResult": "rift_ada.calibrate.pipeline",
     "calibrate": "rift_ada.calibrate.pipeline",
     "check_traces_match": "rift_ada.calibrate.pipeline",
+    "verdict": "rift_ada.calibrate.pipeline",
+    "ClosedConfirmation": "rift_ada.calibrate.confirm",
+    "attach_closed_confirmation": "rift_ada.calibrate.confirm",
+    "confirm_closed": "rift_ada.calibrate.confirm",
+    "confirm_closed_from_traces": "rift_ada.calibrate.confirm",
+    "FidelityCase": "rift_ada.calibrate.fidelity",
+    "measure_fidelity": "rift_ada.calibrate.fidelity",
 }
 
 __all__ = sorted(_EXPORTS)

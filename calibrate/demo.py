@@ -2,7 +2,8 @@
 
 Per temperature (T = 0 and T = 1): embedded dataset -> target responses -> probe traces ->
 calibration (Optuna over replay, bootstrap confirmation) -> closed-loop runs of every baseline and
-the calibrated controller on the held-out confirmation requests -> replay-vs-closed fidelity.
+the calibrated controller on the held-out confirmation requests (free-running at T > 0) ->
+replay-vs-closed fidelity.
 Everything lands in one run directory; ``report.md`` is rendered from ``demo.json``.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 from rift_ada.calibrate.demo_report import write_demo_report
 from rift_ada.calibrate.evaluation import evaluate_run
 from rift_ada.calibrate.pipeline import calibrate
-from rift_ada.collectors.collect import CollectSettings, closed_results, save_json
+from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed, save_json
 from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
 from rift_ada.collectors.trace_io import manifest_hash, read_probe_traces
 
@@ -56,7 +57,7 @@ class DemoSize:
 
 DEMO_SIZES: dict[str, DemoSize] = {
     "tiny": DemoSize(
-        n_requests=4, output_tokens=40, trials=16, temperatures=(0.0,), table_at=(0.0,), arm_ages=(0, 16, 32)
+        n_requests=4, output_tokens=40, trials=16, temperatures=(0.0,), table_at=(0.0,), arm_ages=(0, 16, 32, 48)
     ),
     "small": DemoSize(n_requests=6, output_tokens=112, trials=120, table_at=(0.0,)),
     "full": DemoSize(
@@ -169,15 +170,16 @@ def run_demo(
         confirmation_ids = set(result.calibration["confirmation"]["request_ids"])
         held_out = [request for request in requests if request.request_id in confirmation_ids]
         specs = _policies_for(temperature, settings_size, controller_path)
-        run_collection(
-            pair,
+        collect_closed(  # free-running rejection sampling at T > 0: the ground truth replay is judged by
+            pair.draft,
             held_out,
             targets,
             folder / "closed",
             settings,
-            mode="closed",
-            policies=specs,
+            specs,
+            target_model=pair.target,
             on_request=tick(f"{tag} closed loop ({len(specs)} policies)", len(held_out)),
+            free_running=temperature > 0,
         )
         closed = closed_results(folder / "closed")
         replay_specs = ["stat", f"periodic:{settings_size.reference_interval}", "full", str(controller_path)]

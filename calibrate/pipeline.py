@@ -45,6 +45,7 @@ from rift_ada.calibrate.study import (
 )
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.trace_io import targets_problems
+from rift_ada.policies.replay import DEFAULT_REPLICAS
 from rift_ada.policies.space import FAMILIES, SearchSpace
 
 SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
@@ -125,19 +126,48 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
 
 
-def _fit_score(traces: ProbeTraces, signals: Sequence[str]) -> Any:
+def _replay_sampling(traces: ProbeTraces, seed: int) -> dict[str, Any]:
+    """How replay sampled acceptance (provenance): exact at T = 0; seeded replicas at T > 0."""
+    if traces.temperature <= 0:
+        return {"mode": "exact (T = 0)", "replicas": 1}
+    return {
+        "mode": "acceptance sampled per position",
+        "replicas": DEFAULT_REPLICAS,
+        "study_and_confirmation_seed": 0,
+        "grids_and_score_fit_seed": int(seed),
+    }
+
+
+def check_probed_ages(traces: ProbeTraces, schedule: dict[str, Any], intervals: Sequence[int]) -> None:
+    """Refuse a schedule or periodic baseline whose working sets outgrow the probe arms (replay would)."""
+    if len(traces.age_grid) == 0:
+        raise CalibrationError("the traces have no 'age:N' arms; calibration needs them")
+    oldest = int(traces.age_grid.max())
+    longest = int(traces.osl.max()) - 1 if traces.n_requests else 0
+    wanted = {"schedule.max_age": int(schedule["max_age"])}
+    wanted.update({f"periodic:{int(d)}": min(int(d), int(schedule["max_age"])) for d in intervals})
+    too_old = {name: age for name, age in wanted.items() if min(age, longest) > oldest}
+    if too_old:
+        shown = ", ".join(f"{name} ({age})" for name, age in too_old.items())
+        raise CalibrationError(
+            f"working-set ages beyond the probe arms ({int(traces.age_grid.min())}..{oldest}): {shown}; "
+            f"probe with arms up to {max(too_old.values())} or lower schedule.max_age / the periodic intervals"
+        )
+
+
+def _fit_score(traces: ProbeTraces, signals: Sequence[str], seed: int = 0) -> Any:
     """ScorePolicy fitted (NNLS on counterfactual refresh gains) on the calibration split."""
     from rift_ada.policies.score import ScorePolicy
 
     try:
-        return ScorePolicy().fit(traces, signals=list(signals))
+        return ScorePolicy().fit(traces, signals=list(signals), seed=seed)
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the score family on the calibration split: {exc}") from exc
 
 
-def _score_grid(fitted: Any, traces: ProbeTraces) -> tuple[float, ...]:
+def _score_grid(fitted: Any, traces: ProbeTraces, seed: int = 0) -> tuple[float, ...]:
     """Thresholds over the percentiles of the fitted score at the calibration decision points."""
-    values = np.asarray(fitted.score_values(decision_signals(traces)), dtype=np.float64)
+    values = np.asarray(fitted.score_values(decision_signals(traces, seed=seed)), dtype=np.float64)
     return percentile_grid(values[np.isfinite(values)], SCORE_PERCENTILES)
 
 
@@ -186,11 +216,17 @@ def _matched_rate_baseline(evaluator: PolicyEvaluator, rate: float) -> str:
     """The longest periodic interval that refreshes at least ``rate`` times per 1K on the selection split.
 
     Periodic refreshes fall (weakly) as the interval grows, so a binary search over
-    [1, 1000 / rate] finds it in about ten replays; ``stat`` when the controller never refreshes.
+    [1, min(1000 / rate, oldest probed age)] finds it in about ten replays; ``stat`` when the
+    controller never refreshes.
     """
     if rate <= 0:
         return "stat"
-    low, high = 1, max(1, int(math.floor(1000.0 / rate)))
+    traces = evaluator.traces
+    # Intervals past the oldest probed arm cannot be replayed (unless no response is that long).
+    high = max(1, int(math.floor(1000.0 / rate)))
+    if int(traces.osl.max()) - 1 > int(traces.age_grid.max()):
+        high = min(high, int(traces.age_grid.max()))
+    low = 1
     if evaluator.evaluate(f"periodic:{high}")[1] >= rate:
         return f"periodic:{high}"
     while high - low > 1:  # invariant: rate(low) >= target > rate(high)
@@ -228,24 +264,50 @@ def _finite_dict(interval: Interval) -> dict[str, Any]:
     return out
 
 
-def _verdict(op: OperatingPoint, comparisons: list[dict[str, Any]], reference_label: str) -> dict[str, Any]:
-    if op.chosen_by == "reference_baseline":
+DEFAULT_MARGIN = 0.01  # non-inferiority margin: 1% of the reference AL
+
+
+def verdict(
+    comparisons: list[dict[str, Any]],
+    reference_label: str,
+    *,
+    reference_al: float,
+    margin: float = DEFAULT_MARGIN,
+    chosen_is_reference: bool = False,
+    notes: Sequence[str] = (),
+    source: str = "replay",
+) -> dict[str, Any]:
+    """Gain verdict from the two paired-bootstrap comparisons (vs the reference, vs matched rate).
+
+    A gain needs: the refresh-reduction CI vs the reference above 0; AL kept, i.e. the lower CI
+    bound of the AL difference vs the reference >= -margin x reference AL (non-inferiority); and
+    the AL difference vs periodic at the controller's own rate significantly above 0.
+    """
+    margin_al = float(margin) * float(reference_al)
+    margin_info = {"fraction": float(margin), "al": margin_al, "reference_al": float(reference_al)}
+    if chosen_is_reference:
         return {
             "gain": False,
+            "source": source,
+            "margin": margin_info,
             "text": f"**No gain.** No adaptive trial beat {reference_label} on the selection split at matched "
             f"AL or matched refreshes; the exported controller is the periodic reference itself.",
-            "reasons": list(op.notes),
+            "reasons": list(notes),
         }
     vs_ref, vs_rate = comparisons[0], comparisons[1]
     red, d_ref, d_rate = vs_ref["refresh_reduction"], vs_ref["al_difference"], vs_rate["al_difference"]
     reasons: list[str] = []
     saves = bool(red and red["low"] is not None and red["low"] > 0)
-    al_kept = bool(d_ref["high"] is not None and d_ref["high"] >= 0)
+    al_kept = bool(d_ref["low"] is not None and d_ref["low"] >= -margin_al)
     beats_curve = bool(d_rate["low"] is not None and d_rate["low"] > 0)
+    margin_text = f"margin {100 * margin:g}% of the reference AL = {margin_al:.3f}"
     if not saves:
         reasons.append(f"the refresh-reduction CI vs {reference_label} does not exclude 0")
     if not al_kept:
-        reasons.append(f"AL is significantly below {reference_label}")
+        reasons.append(
+            f"AL is not shown non-inferior to {reference_label}: the CI's lower bound "
+            f"{_n(d_ref['low'])} is below -{margin_al:.3f} ({margin_text})"
+        )
     if not beats_curve:
         reasons.append(
             f"AL is not significantly above periodic refresh at the controller's own rate ({vs_rate['baseline']}): "
@@ -257,18 +319,39 @@ def _verdict(op: OperatingPoint, comparisons: list[dict[str, Any]], reference_la
         red_text += f"{100 * (red['high'] or 0):.1f}%]"
     ci = f"AL difference {d_ref['estimate']:+.3f} [{_n(d_ref['low'])}, {_n(d_ref['high'])}]"
     ci_rate = f"{d_rate['estimate']:+.3f} [{_n(d_rate['low'])}, {_n(d_rate['high'])}]"
+    where = "in the closed loop" if source == "closed loop" else "by replay"
     if gain:
         text = (
-            f"**Gain confirmed** on the held-out confirmation split: {red_text} fewer refreshes than "
-            f"{reference_label} ({ci}); against {vs_rate['baseline']} (as many refreshes or more) the AL "
-            f"difference is {ci_rate}."
+            f"**Gain confirmed** on the held-out confirmation split ({where}): {red_text} fewer refreshes than "
+            f"{reference_label} ({ci}; AL kept: non-inferior with {margin_text}); against {vs_rate['baseline']} "
+            f"(as many refreshes or more) the AL difference is {ci_rate}."
         )
     else:
         text = (
-            f"**No confirmed gain** over periodic refresh. Refresh reduction vs {reference_label}: {red_text}, "
-            f"{ci}; vs {vs_rate['baseline']}: AL difference {ci_rate}. Why: " + "; ".join(reasons) + "."
+            f"**No confirmed gain** over periodic refresh ({where}). Refresh reduction vs {reference_label}: "
+            f"{red_text}, {ci}; vs {vs_rate['baseline']}: AL difference {ci_rate}; non-inferiority "
+            f"{margin_text}. Why: " + "; ".join(reasons) + "."
         )
-    return {"gain": gain, "text": text, "reasons": reasons}
+    return {"gain": gain, "source": source, "margin": margin_info, "text": text, "reasons": reasons}
+
+
+def describe_sampler(sampler: Any, *, seed: int, workers: int = 1) -> str:
+    """What the study's sampler object is, read from it (class and its settings), for provenance."""
+    settings: dict[str, Any] = {}
+    for key, attribute in (
+        ("n_startup_trials", "_n_startup_trials"),
+        ("n_ei_candidates", "_n_ei_candidates"),
+        ("group", "_group"),
+        ("constant_liar", "_constant_liar"),
+    ):
+        if hasattr(sampler, attribute):
+            settings[key] = getattr(sampler, attribute)
+    parzen = getattr(sampler, "_parzen_estimator_parameters", None)
+    if parzen is not None and hasattr(parzen, "multivariate"):
+        settings["multivariate"] = bool(parzen.multivariate)
+    seeds = f"seed {seed}" if workers <= 1 else f"seeds {seed}..{seed + workers - 1} (one per worker)"
+    shown = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return f"{type(sampler).__name__}({shown}), {seeds}"
 
 
 def _n(value: float | None) -> str:
@@ -301,6 +384,7 @@ def calibrate(
     n_resamples: int = 9999,
     cache: dict[str, Any] | None = None,
     schedule: dict[str, Any] | None = None,
+    margin: float = DEFAULT_MARGIN,
 ) -> CalibrationResult:
     """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
 
@@ -312,7 +396,8 @@ def calibrate(
     ``trials`` counts searched trials; the baselines are added on top. ``progress`` is a callable
     ``(stage, done, total)`` or a rich ``Progress``; ``log`` gets one-line milestones (split sizes,
     the chosen point, the verdict), ``None`` silences them. ``signals`` restricts the signals the
-    search may use (default: all five, ``query_drift`` only when the traces carry it).
+    search may use (default: all five, ``query_drift`` only when the traces carry it). ``margin``:
+    the non-inferiority margin of "AL kept", a fraction of the reference's confirmation AL.
     """
     t0 = time.monotonic()
     report = _Progress(progress)
@@ -329,6 +414,8 @@ def calibrate(
         raise CalibrationError(f"families must be a non-empty subset of {list(FAMILIES)}, got {list(families)}")
     if trials < 0:
         raise CalibrationError(f"trials must be non-negative, got {trials}")
+    if not 0.0 <= margin < 1.0:
+        raise CalibrationError(f"margin must be a fraction of the reference AL in [0, 1), got {margin}")
     if signals is None:
         signals = tuple(s for s in SIGNALS if s != "query_drift" or "query_drift" in traces.stride_signals)
     selected_signals = tuple(signals)
@@ -336,6 +423,10 @@ def calibrate(
     if unknown_signals or not selected_signals:
         raise CalibrationError(f"signals must be a non-empty subset of {list(SIGNALS)}, got {list(signals)}")
     check_signal_columns(traces, selected_signals)
+    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
+    if schedule:
+        sched.update(schedule)
+    check_probed_ages(traces, sched, [*intervals, reference_interval])
     say = log if log is not None else (lambda _msg: None)
 
     # 1. splits
@@ -347,13 +438,13 @@ def calibrate(
     conf_traces = traces.subset(splits.confirmation)
 
     # 2. grids (and the fitted score) from the calibration split
-    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals)
+    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals, seed=seed)
     score_terms: tuple[dict[str, Any], ...] = ()
     score_grid: tuple[float, ...] = ()
     if "score" in families:
-        fitted = _fit_score(cal_traces, selected_signals)
+        fitted = _fit_score(cal_traces, selected_signals, seed)
         score_terms = tuple(term.to_json() for term in fitted.terms)
-        score_grid = _score_grid(fitted, cal_traces)
+        score_grid = _score_grid(fitted, cal_traces, seed)
     space = SearchSpace(
         grids=dict(grids.values), families=tuple(families), score_terms=score_terms, score_grid=score_grid
     )
@@ -363,9 +454,6 @@ def calibrate(
     manifest_cache = traces.manifest.get("cache") if traces.manifest else None
     if isinstance(manifest_cache, dict):  # the manifest may carry more than the controller's fields
         manifest_cache = {k: v for k, v in manifest_cache.items() if k in DEFAULT_CACHE}
-    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
-    if schedule:
-        sched.update(schedule)
     fields = {
         "name": name,
         "draft": draft,
@@ -460,13 +548,20 @@ def calibrate(
             n_resamples=n_resamples,
         ),
     ]
-    verdict = _verdict(op, comparisons, reference_label)
+    decision = verdict(
+        comparisons,
+        reference_label,
+        reference_al=policies[reference_label]["mean_al"],
+        margin=margin,
+        chosen_is_reference=op.chosen_by == "reference_baseline",
+        notes=op.notes,
+    )
     say(
         f"chosen: trial {chosen.number} ({chosen.family}, {op.chosen_by.replace('_', ' ')}), "
         f"selection AL {chosen.al:.3f} at {chosen.refreshes_per_1k:.2f} refreshes/1K vs {reference_label} "
         f"AL {op.reference.al:.3f} at {op.reference.refreshes_per_1k:.2f}"
     )
-    say("confirmation: " + ("gain confirmed" if verdict["gain"] else "no confirmed gain"))
+    say("confirmation: " + ("gain confirmed" if decision["gain"] else "no confirmed gain"))
     confirmation = {
         "n_requests": int(len(splits.confirmation)),
         "request_ids": [str(x) for x in conf_traces.requests["request_id"]],
@@ -477,7 +572,8 @@ def calibrate(
         "policy_order": list(policies),
         "policies": policies,
         "comparisons": comparisons,
-        "verdict": verdict,
+        "margin": decision["margin"],
+        "verdict": decision,
     }
 
     # 6. export
@@ -505,7 +601,7 @@ def calibrate(
             "trials": int(trials),
             "baselines": list(baselines),
             "complete": n_complete,
-            "sampler": "TPESampler(multivariate, group, constant_liar), seeded",
+            "sampler": describe_sampler(study.sampler, seed=int(seed), workers=int(workers)),
             "objectives": ["mean_al:maximize", "refreshes_per_1k:minimize"],
             "search_space": space.fingerprint(),
         },
@@ -521,7 +617,9 @@ def calibrate(
         "confirmation": {
             "n_requests": confirmation["n_requests"],
             "comparisons": comparisons,
-            "gain": verdict["gain"],
+            "margin": decision["margin"],
+            "gain": decision["gain"],
+            "source": "replay",
         },
     }
     export_policy = chosen.policy if not chosen.baseline else {"kind": "periodic", "interval": int(reference_interval)}
@@ -542,6 +640,7 @@ def calibrate(
         "traces": trace_info,
         "splits": dict(splits.to_dict(), assignment=splits.assignment()),
         "signals": list(selected_signals),
+        "replay": _replay_sampling(traces, seed),
         "grids": grids.to_dict(),
         "space": space.to_dict(),
         "study": {

@@ -171,6 +171,55 @@ def plot_al_by_position(calibration: dict[str, Any], path: str | os.PathLike[str
     return Path(path)
 
 
+def _margin_lines(conf: dict[str, Any]) -> list[str]:
+    """The non-inferiority margin the verdict used (and where the verdict comes from)."""
+    margin = conf["verdict"].get("margin") or conf.get("margin")
+    if not margin:
+        return []
+    source = conf["verdict"].get("source", "replay")
+    return [
+        f"Verdict source: {source}. \"AL kept\" means non-inferiority: the lower 95% CI bound of the AL "
+        f"difference vs the reference is >= -{margin['al']:.3f} AL (margin {100 * margin['fraction']:g}% of "
+        f"the reference AL {margin['reference_al']:.3f}).",
+        "",
+    ]
+
+
+def _closed_loop_lines(conf: dict[str, Any]) -> list[str]:
+    """Closed-loop confirmation beside replay's (present after ``--confirm closed``)."""
+    closed = conf.get("closed_loop")
+    if not closed:
+        return []
+    mode = "free-running rejection sampling" if closed["free_running"] else "teacher-forced (exact at T = 0)"
+    rows = []
+    for label, entry in closed["policies"].items():
+        c, r = entry["closed"], entry["replay"]
+        rows.append(
+            [label, entry["role"], c["mean_al"], r.get("mean_al"), c["refreshes_per_1k"], r.get("refreshes_per_1k")]
+        )
+    comparison_rows = [
+        [
+            comp["name"],
+            comp["baseline"],
+            _ci_text(comp["refresh_reduction"], percent=True),
+            _ci_text(comp["al_difference"]),
+        ]
+        for comp in closed["comparisons"]
+    ]
+    return [
+        "## Closed-loop confirmation",
+        "",
+        f"The verdict above comes from the real draft/verify loop ({mode}) on the {closed['n_requests']} "
+        f"confirmation requests (run in `{closed['run_dir']}`); replay's figures stand beside it. Replay's own "
+        f"verdict: {closed['replay_verdict']['text']}",
+        "",
+        _table(["policy", "role", "closed AL", "replay AL", "closed refreshes/1K", "replay refreshes/1K"], rows),
+        "",
+        _table(["comparison", "baseline", "refresh reduction (95% CI)", "AL difference (95% CI)"], comparison_rows),
+        "",
+    ]
+
+
 def render_markdown(calibration: dict[str, Any]) -> str:
     """The report text (tables only need ``calibration``)."""
     c = calibration
@@ -189,6 +238,8 @@ def render_markdown(calibration: dict[str, Any]) -> str:
         "",
         conf["verdict"]["text"],
         "",
+        *_margin_lines(conf),
+        *_closed_loop_lines(conf),
         "## Splits",
         "",
         "Seeded, disjoint, stratified by dataset category and ISL bucket; the request ids of each "

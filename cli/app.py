@@ -549,6 +549,13 @@ def calibrate(
     allow_partial: Annotated[
         bool, typer.Option(help="Use a collection with fewer committed requests than its manifest lists.")
     ] = False,
+    margin: Annotated[
+        float, typer.Option(min=0.0, help="Non-inferiority margin of 'AL kept', a fraction of the reference AL.")
+    ] = 0.01,
+    confirm: Annotated[
+        Literal["replay", "closed"],
+        typer.Option(help="replay, or closed: rerun the controller and its baselines in the real loop (loads the model)."),
+    ] = "replay",
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     preset = _check_model(model)
@@ -600,7 +607,15 @@ def calibrate(
             manifest_hash=manifest_hash(traces),
             progress=progress.stage_callback(),
             log=progress.log,
+            margin=margin,
         )
+        if confirm == "closed":
+            from rift_ada.calibrate.confirm import confirm_closed_from_traces
+
+            progress.update("closed-loop confirmation", 0, None)
+            confirm_closed_from_traces(out, traces, model=model, margin=margin)
+            result.calibration = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
+            result.controller = json.loads(result.controller_path.read_text(encoding="utf-8"))
     export_controller(result.controller, controller_out)
     confirmation = result.calibration["confirmation"]
     if json_output:
@@ -614,10 +629,11 @@ def calibrate(
         )
         return
     table = Table(title=f"Confirmation split ({confirmation['n_requests']} requests, paired bootstrap 95% CI)")
-    names = [str(c["name"]) for c in confirmation["comparisons"]]
+    shown = confirmation.get("closed_loop", confirmation)  # the closed-loop verdict when it was run
+    names = [str(c["name"]) for c in shown["comparisons"]]
     for column in ("comparison", "baseline", "refresh reduction", "AL difference"):
         table.add_column(column, **_full_width(column, names, "comparison"))
-    for comparison in confirmation["comparisons"]:
+    for comparison in shown["comparisons"]:
         reduction, difference = comparison["refresh_reduction"], comparison["al_difference"]
         table.add_row(
             _text(comparison["name"]), _text(comparison["baseline"]),

@@ -43,7 +43,8 @@ def evaluate_policies(
     """Replay every policy over the traces (batched) and return one summary row per spec, in order.
 
     Row keys: policy, kind, source, n_requests, mean_al, refreshes_per_1k, committed, rounds,
-    refreshes, al_by_position (edges and request-mean AL per bin) and, when a ``full`` arm
+    refreshes, replicas, seed, mean_al_std (T > 0: sampling replicas, their seed and the spread of the
+    mean AL), al_by_position (edges and request-mean AL per bin) and, when a ``full`` arm
     exists, al_vs_full (mean AL as a fraction of the full-KV replay's).
     """
     resolved = [resolve_policy_spec(spec) for spec in specs]
@@ -72,6 +73,9 @@ def evaluate_policies(
                     "committed",
                     "rounds",
                     "refreshes",
+                    "replicas",
+                    "seed",
+                    "mean_al_std",
                     "al_by_position",
                 )
             },

@@ -1,20 +1,28 @@
 """Vectorised replay of refresh policies over probe traces, without a model.
 
 Every request of the traces walks its fixed target response round by round. A round starting at
-committed position n reads the per-position outcomes of the arm that the current working-set age
-selects (the largest grid age <= age; ages beyond the grid use the oldest ``age:N`` arm):
+committed position n reads per-position outcomes of the probe arms:
 
-* T = 0: AL = 1 + number of leading matches in outcome[n : n + K], capped at K + 1;
-* T > 0: AL = 1 + sum_{j=1..K} prod_{i<j} p[n + i] (expected accepted length; p = 0 past the end),
-  positions advance by the float AL and n = floor(position) drives the decision logic.
+* Arms by age: a working set of age a (tokens since the last refresh) lies between the probed
+  ages g_j <= a < g_{j+1}. The round reads arm g_{j+1} with probability w = (a - g_j) / (g_{j+1} -
+  g_j), else arm g_j, so the expected round outcome is interpolated linearly between the
+  neighbouring arms (never rounded down to the younger arm). The choice is a fixed dither,
+  frac(phi * (n + 1) + sqrt2 * (r + 1)) < w (r = request index), identical for every policy and
+  run. Ages at or past the oldest arm read it; a policy that can reach ages beyond the probed
+  range (its ``max_age``, or a periodic interval, below the longest response) is refused.
+* T = 0: AL = 1 + number of leading matches in outcome[n : n + K], capped at K + 1 (exact).
+* T > 0: each position's acceptance is sampled once per replica from the recorded acceptance
+  probability (one seeded uniform per replica, request and position, shared by all arms and
+  policies), and AL = 1 + leading accepted positions as at T = 0. Results are means over the
+  replicas (``replicas``, default 4, ``seed`` recorded), with the spread of the mean AL.
 
 The last round is cut at the request's OSL, so committed tokens always equal the OSL. After each
-round the controller signals are fed exactly as a serving loop feeds :class:`rift_ada.Controller`
-(round AL, draft entropies of positions n .. n + K - 1 under the arm used, query drift of the
-stride holding the last committed position), then the decision rule runs. All requests (and, with
-:func:`replay_many`, all policies) step their rounds in lockstep as lanes of numpy arrays, so a
-round costs a few dozen array operations whatever the number of lanes. Decisions are bit-for-bit
-those of a ``Controller`` session stepped by hand (tests/test_replay.py asserts it).
+round the signals come from the one signal engine (:mod:`rift_ada.policies.signals`), fed as a
+serving loop feeds :class:`rift_ada.Controller`: the round AL, the draft entropies of its
+committed-conditioned positions (the accepted drafts and the first rejected one: min(AL, K)
+positions from n under the arm used) and the query drift of the stride holding the last committed
+position. All lanes (requests x replicas x policies) step in lockstep as numpy arrays. Decisions are
+those of a ``Controller`` session stepped by hand with the same rounds (tests/test_replay.py).
 """
 
 from __future__ import annotations
@@ -31,42 +39,60 @@ import numpy as np
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, arm_age
 from rift_ada.controller import (
     DEFAULT_SCHEDULE,
+    SIGNAL_NAMES,
     Controller,
     make_controller_dict,
     policy_signals,
     validate_controller_dict,
 )
+from rift_ada.policies.signals import SignalEngine, knot_transform_lanes
 
 __all__ = [
+    "DEFAULT_REPLICAS",
     "NAMED_POLICIES",
+    "DecisionPoints",
     "ReplayResult",
+    "decision_points",
     "named_policy_controller",
     "replay",
     "replay_many",
 ]
 
 NAMED_POLICIES = ("stat", "full", "periodic:N", "dyn:N")
+DEFAULT_REPLICAS = 4  # sampling replicas at T > 0 (T = 0 replay is exact: one replica)
 PolicySpec = dict[str, Any] | str | Controller
+_PHI = 0.6180339887498949  # dither steps (golden ratio and sqrt(2), fractional parts)
+_SQRT2 = 0.41421356237309515
 
 
 @dataclass
 class ReplayResult:
-    """Per-request outcome of one policy replayed over probe traces."""
+    """Per-request outcome of one policy replayed over probe traces (means over the replicas)."""
 
     request_ids: np.ndarray
     committed: np.ndarray  # (R,) tokens committed (= OSL)
-    rounds: np.ndarray  # (R,) verification rounds
-    refreshes: np.ndarray  # (R,) working-set refreshes after the prefill
-    al: np.ndarray  # (R,) committed / rounds
+    rounds: np.ndarray  # (R,) verification rounds (mean over replicas)
+    refreshes: np.ndarray  # (R,) working-set refreshes after the prefill (mean over replicas)
+    al: np.ndarray  # (R,) committed / rounds (mean over replicas)
     position_edges: np.ndarray  # (n_bins + 1,) output-position bin edges
     al_by_position: np.ndarray  # (R, n_bins) AL of rounds starting in each bin, NaN if none
     policy: str = ""
-    refresh_positions: list[np.ndarray] | None = field(default=None, repr=False)
+    refresh_positions: list[np.ndarray] | None = field(default=None, repr=False)  # replica 0
+    replicas: int = 1
+    seed: int | None = None  # sampling seed at T > 0 (None: exact T = 0 replay)
+    replica_mean_al: np.ndarray | None = None  # (replicas,) macro mean AL of each replica
 
     @property
     def mean_al(self) -> float:
         """Macro mean AL over requests (as NVIDIA's specdec_bench)."""
         return float(np.mean(self.al)) if len(self.al) else math.nan
+
+    @property
+    def mean_al_std(self) -> float:
+        """Standard deviation of the mean AL over the sampling replicas (0 with one replica)."""
+        if self.replica_mean_al is None or len(self.replica_mean_al) < 2:
+            return 0.0
+        return float(np.std(self.replica_mean_al, ddof=1))
 
     @property
     def refreshes_per_1k(self) -> float:
@@ -85,8 +111,11 @@ class ReplayResult:
             "mean_al": _finite_or_none(self.mean_al),
             "refreshes_per_1k": _finite_or_none(self.refreshes_per_1k),
             "committed": int(np.sum(self.committed)),
-            "rounds": int(np.sum(self.rounds)),
-            "refreshes": int(np.sum(self.refreshes)),
+            "rounds": _count(np.sum(self.rounds)),
+            "refreshes": _count(np.sum(self.refreshes)),
+            "replicas": self.replicas,
+            "seed": self.seed,
+            "mean_al_std": self.mean_al_std,
             "al_by_position": {
                 "edges": [int(x) for x in self.position_edges],
                 "mean_al": [_finite_or_none(x) for x in mean_by_position],
@@ -96,8 +125,8 @@ class ReplayResult:
             summary["per_request"] = {
                 "request_id": [str(x) for x in self.request_ids],
                 "committed": [int(x) for x in self.committed],
-                "rounds": [int(x) for x in self.rounds],
-                "refreshes": [int(x) for x in self.refreshes],
+                "rounds": [_count(x) for x in self.rounds],
+                "refreshes": [_count(x) for x in self.refreshes],
                 "al": [_finite_or_none(x) for x in self.al],
             }
         return summary
@@ -106,6 +135,12 @@ class ReplayResult:
 def _finite_or_none(value: float) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _count(value: Any) -> int | float:
+    """An integer count as int; a mean over replicas as float."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,18 +188,48 @@ def _plan(policy: PolicySpec) -> _Plan:
     raise TypeError(f"policy must be a controller dict, a Controller or a name, got {type(policy).__name__}")
 
 
+def _oldest_age_needed(controller: dict[str, Any]) -> int:
+    """The oldest working-set age a controller can hold before its forced refresh."""
+    cap = int(controller["schedule"]["max_age"])
+    policy = controller["policy"]
+    if policy["kind"] == "periodic":
+        cap = min(cap, max(int(policy["interval"]), int(controller["schedule"]["min_age"])))
+    return cap
+
+
+def _check_age_range(traces: ProbeTraces, plan: _Plan) -> None:
+    """Refuse a policy that would read working-set ages beyond the probed arms (naming the range)."""
+    if plan.controller is None:
+        return
+    grid = traces.age_grid
+    if len(grid) == 0:
+        raise ValueError("traces have no age:N arms; only 'stat' and 'full' can be replayed")
+    longest = int(np.max(traces.osl)) if traces.n_requests else 0
+    needed = min(_oldest_age_needed(plan.controller), max(longest - 1, 0))
+    if needed > int(grid[-1]):
+        raise ValueError(
+            f"policy {plan.label!r} can reach working-set ages up to {needed} tokens, but the probe arms "
+            f"cover ages {int(grid[0])}..{int(grid[-1])} only; collect probe traces with arms up to "
+            f"{needed} (collect --arm-ages) or lower schedule.max_age to {int(grid[-1])}"
+        )
+
+
 # ----------------------------------------------------------------------------------------------
-# Policy-independent tables, built once per traces object and cached on it.
+# Policy-independent tables, built once per traces object (and sampling setting) and cached.
 
 
 @dataclass
 class _Tables:
-    rows: np.ndarray  # (R * A * W, 3): AL of a round starting at n, entropy sum, entropy count
+    accepted: np.ndarray  # (V * R * A * W,) int16: AL of a round starting at n (V replicas)
+    entropy: np.ndarray  # (V * R * A * W,): entropy sum over that round's min(AL, K) first positions
     drift: np.ndarray | None  # (R * A * W,): drift of the stride holding position m - 1 (index m)
+    dither: np.ndarray  # (R * W,): arm-mix dither of a round starting at n
     width: int  # W = P + 1
     n_arms: int
+    replicas: int
+    seed: int | None
     osl: np.ndarray
-    continuous: bool
+    draft_length: int
     entropy_has_nan: bool
     drift_may_be_nan: bool
     arm_ages: dict[str, int | None]
@@ -172,39 +237,41 @@ class _Tables:
     n_positions: int
 
 
-def _build_tables(traces: ProbeTraces) -> _Tables:
+def _sampled_matches(traces: ProbeTraces, replicas: int, seed: int | None) -> np.ndarray:
+    """(V, R, A, P) accepted flags: the match bit at T = 0, one seeded sample per replica at T > 0."""
+    n_req, _, n_pos = traces.outcome.shape
+    valid = (np.arange(n_pos)[None, :] < traces.osl[:, None])[:, None, :]
+    if seed is None:
+        return ((traces.outcome > 0.5) & valid)[None]
+    probability = np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0)
+    uniforms = np.random.default_rng(seed).random((replicas, n_req, n_pos))
+    return (uniforms[:, :, None, :] < probability[None]) & valid[None]
+
+
+def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tables:
     n_req, n_arms, n_pos = traces.outcome.shape
     width = n_pos + 1
     k = traces.draft_length
     osl = traces.osl
     if np.any(osl > n_pos) or np.any(osl < 0):
         raise ValueError("probe traces: an OSL exceeds the number of positions")
+    if k >= np.iinfo(np.int16).max:
+        raise ValueError(f"draft_length {k} is too large for replay")
     positions = np.arange(width)
+    remaining = np.clip(osl[:, None, None] - positions[None, None, :], 0, None)  # (R, 1, W)
+    match = _sampled_matches(traces, replicas, seed).reshape(-1, n_arms, n_pos)
+    marks = np.where(match, n_pos, np.arange(n_pos, dtype=np.int64))
+    next_miss = np.minimum.accumulate(marks[:, :, ::-1], axis=2)[:, :, ::-1]
+    run = np.concatenate([next_miss - np.arange(n_pos), np.zeros(match.shape[:2] + (1,), np.int64)], axis=2)
+    run = run.reshape(replicas, n_req, n_arms, width)
+    accepted_len = np.minimum(1 + np.minimum(run, k), remaining[None]).astype(np.float64)
+    count = np.minimum(accepted_len, k)  # committed-conditioned draft positions of the round
     valid = positions[None, None, :n_pos] < osl[:, None, None]
-    continuous = traces.temperature > 0
-    remaining = np.clip(osl[:, None, None] - positions[None, None, :], 0, None).astype(np.float64)
-    if continuous:
-        accept = np.where(valid, np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0), 0.0)
-        accept = np.concatenate([accept, np.zeros((n_req, n_arms, k))], axis=2)
-        prod = np.ones((n_req, n_arms, width))
-        total = np.zeros((n_req, n_arms, width))
-        for j in range(k):
-            prod = prod * accept[:, :, j : j + width]
-            total = total + prod
-        accepted_len = 1.0 + total
-    else:
-        match = (traces.outcome > 0.5) & valid
-        marks = np.where(match, n_pos, np.arange(n_pos, dtype=np.int64))
-        next_miss = np.minimum.accumulate(marks[:, :, ::-1], axis=2)[:, :, ::-1]
-        run = np.concatenate([next_miss - np.arange(n_pos), np.zeros((n_req, n_arms, 1), np.int64)], axis=2)
-        accepted_len = np.minimum(1 + np.minimum(run, k), remaining).astype(np.float64)
     entropy = np.where(valid, traces.entropy.astype(np.float64), 0.0)
     entropy = np.concatenate([entropy, np.zeros((n_req, n_arms, k))], axis=2)
-    entropy_sum = np.zeros((n_req, n_arms, width))
-    for j in range(k):
-        entropy_sum = entropy_sum + entropy[:, :, j : j + width]
-    count = np.broadcast_to(np.minimum(remaining, k), (n_req, n_arms, width))
-    rows = np.stack([accepted_len, entropy_sum, count], axis=-1).reshape(-1, 3)
+    entropy_sum = np.zeros(accepted_len.shape)
+    for j in range(k):  # same order of additions as Session.record_round
+        entropy_sum = entropy_sum + np.where(j < count, entropy[None, :, :, j : j + width], 0.0)
     drift_table = None
     drift_may_be_nan = True
     if "query_drift" in traces.stride_signals:
@@ -214,17 +281,22 @@ def _build_tables(traces: ProbeTraces) -> _Tables:
         table[:, :, 0] = np.nan
         drift_may_be_nan = bool(np.isnan(np.where(valid, table[:, :, 1:], 0.0)).any())
         drift_table = table.reshape(-1)
-    arm_ages = {name: arm_age(name) for name in traces.arms}
+    request = np.arange(n_req, dtype=np.float64)[:, None]
+    dither = np.modf(_PHI * (positions[None, :] + 1.0) + _SQRT2 * (request + 1.0))[0]
     return _Tables(
-        rows=rows,
+        accepted=accepted_len.astype(np.int16).reshape(-1),  # small: the walk reads it at random
+        entropy=entropy_sum.reshape(-1),
         drift=drift_table,
+        dither=dither.reshape(-1),
         width=width,
         n_arms=n_arms,
+        replicas=replicas,
+        seed=seed,
         osl=osl,
-        continuous=continuous,
+        draft_length=k,
         entropy_has_nan=bool(np.isnan(entropy_sum).any()),
         drift_may_be_nan=drift_may_be_nan,
-        arm_ages=arm_ages,
+        arm_ages={name: arm_age(name) for name in traces.arms},
         arm_index={name: i for i, name in enumerate(traces.arms)},
         n_positions=n_pos,
     )
@@ -234,20 +306,32 @@ _TABLE_CACHE: dict[int, tuple[weakref.ref, tuple, _Tables]] = {}
 _TABLE_CACHE_SIZE = 4  # traces objects whose tables stay cached (splits of one calibration run)
 
 
-def _tables(traces: ProbeTraces) -> _Tables:
+def _sampling(traces: ProbeTraces, replicas: int | None, seed: int) -> tuple[int, int | None]:
+    """(replicas, seed) actually used: T = 0 is exact (1 replica, no seed)."""
+    if traces.temperature <= 0:
+        return 1, None
+    count = DEFAULT_REPLICAS if replicas is None else int(replicas)
+    if count < 1:
+        raise ValueError(f"replicas must be >= 1, got {count}")
+    return count, int(seed)
+
+
+def _tables(traces: ProbeTraces, replicas: int | None = None, seed: int = 0) -> _Tables:
     """Replay tables of ``traces``, cached while the traces object lives and its arrays are the same.
 
     The cache is module-level (not an attribute), so pickling traces for worker processes stays cheap.
     """
+    replicas, used_seed = _sampling(traces, replicas, seed)
     arrays = (traces.outcome, traces.entropy, traces.stride_signals.get("query_drift"))
     settings = (traces.draft_length, traces.decision_stride, traces.temperature > 0, tuple(traces.arms))
+    settings += (replicas, used_seed)
     entry = _TABLE_CACHE.get(id(traces))
     if entry is not None:
         ref, (cached_arrays, cached_settings), tables = entry
         same_arrays = all(a is b for a, b in zip(cached_arrays, arrays, strict=True))
         if ref() is traces and same_arrays and cached_settings == settings:
             return tables
-    tables = _build_tables(traces)
+    tables = _build_tables(traces, replicas, used_seed)
     if id(traces) not in _TABLE_CACHE:
         weakref.finalize(traces, _TABLE_CACHE.pop, id(traces), None)
     _TABLE_CACHE[id(traces)] = (weakref.ref(traces), (arrays, settings), tables)
@@ -256,19 +340,40 @@ def _tables(traces: ProbeTraces) -> _Tables:
     return tables
 
 
-def _arm_offsets(tables: _Tables, arm_mode: str) -> np.ndarray:
-    """Row offset (arm * W) of the arm used at each age 0 .. P."""
+@dataclass
+class _AgeArms:
+    """Per working-set age 0 .. P: row offsets (arm * W) of the younger and older neighbouring arm."""
+
+    younger: np.ndarray
+    older: np.ndarray
+    weight: np.ndarray  # probability of reading the older arm (0 on a probed age)
+    interpolates: bool
+
+
+def _age_arms(tables: _Tables, arm_mode: str) -> _AgeArms:
+    ages = np.arange(tables.width)
     if arm_mode in (ARM_STAT, ARM_FULL):
         if arm_mode not in tables.arm_index:
             raise ValueError(f"traces have no {arm_mode!r} arm")
-        return np.full(tables.width, tables.arm_index[arm_mode] * tables.width, dtype=np.int64)
+        fixed = np.full(tables.width, tables.arm_index[arm_mode] * tables.width, dtype=np.int64)
+        return _AgeArms(fixed, fixed, np.zeros(tables.width), False)
     grid = sorted((age, tables.arm_index[name]) for name, age in tables.arm_ages.items() if age is not None)
     if not grid:
         raise ValueError("traces have no age:N arms; only 'stat' and 'full' can be replayed")
-    grid_ages = np.array([age for age, _ in grid])
-    grid_arms = np.array([arm for _, arm in grid])
-    slot = np.clip(np.searchsorted(grid_ages, np.arange(tables.width), side="right") - 1, 0, None)
-    return (grid_arms[slot] * tables.width).astype(np.int64)
+    grid_ages = np.array([age for age, _ in grid], dtype=np.float64)
+    grid_arms = np.array([arm for _, arm in grid], dtype=np.int64)
+    lower = np.clip(np.searchsorted(grid_ages, ages, side="right") - 1, 0, len(grid) - 1)
+    upper = np.minimum(lower + 1, len(grid) - 1)
+    inside = (ages >= grid_ages[0]) & (ages < grid_ages[-1])
+    span = np.maximum(grid_ages[upper] - grid_ages[lower], 1.0)
+    weight = np.where(inside, (ages - grid_ages[lower]) / span, 0.0)
+    upper = np.where(inside, upper, lower)
+    return _AgeArms(
+        younger=grid_arms[lower] * tables.width,
+        older=grid_arms[upper] * tables.width,
+        weight=weight,
+        interpolates=bool(np.any(weight > 0)),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,7 +504,7 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
             value = signals[name][sl]
             z = (value - values[mean]) * values[factor]
             if knots is not None:
-                z = _knot_transform(z, values[knots[0]], values[knots[1]], values[knots[2]])
+                z = knot_transform_lanes(z, values[knots[0]], values[knots[1]], values[knots[2]])
             contribution = values[weight] * z
             if may_be_nan:
                 contribution = np.where(np.isnan(value), 0.0, contribution)
@@ -407,22 +512,6 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
         return np.greater_equal(total, values[threshold])
 
     return _Evaluator(params, fires)
-
-
-def _knot_transform(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
-    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
-
-    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
-    """
-    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
-    count = np.sum(z[:, None] >= xs, axis=1)
-    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
-    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
-    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
-    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
-    inside = y0 + slope * (z - x0)
-    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
-    return np.where(z >= xs[:, -1], ys[:, -1], inside)
 
 
 def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
@@ -462,13 +551,15 @@ def _group_evaluators(
 
 @dataclass
 class _LaneOutput:
-    # Per compaction segment: (lane ids, round starts (k, m), round ends (k, m)); float at T > 0.
+    # Per compaction segment: (lane ids, round starts (k, m), round ends (k, m)).
     segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     final: np.ndarray  # (L,) final position
     refreshes: np.ndarray  # (L,)
     refresh_events: list[tuple[np.ndarray, np.ndarray]] | None
 
 
+# observer(lane ids, n_committed, age, signals) of the lanes deciding now (before any refresh)
+Observer = Callable[[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]], None]
 _COMPACT_EVERY = 16  # iterations between checks for finished lanes
 _COMPACT_BELOW = 0.75  # drop finished lanes once fewer than this share of the lanes is active
 
@@ -484,60 +575,61 @@ class _LaneState:
         for key, value in list(vars(self).items()):
             if isinstance(value, np.ndarray) and value.shape[:1] == mask.shape:
                 setattr(self, key, value[mask])
-            elif isinstance(value, list):
-                setattr(self, key, [item[mask] for item in value])
 
 
-def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refreshes: bool) -> _LaneOutput:
+def _run_lanes(
+    tables: _Tables,
+    plans: list[_Plan],
+    arm_mode: str,
+    record_refreshes: bool,
+    observer: Observer | None = None,
+) -> _LaneOutput:
     n_req = len(tables.osl)
-    n_lanes = len(plans) * n_req
-    rows = tables.rows
-    continuous = tables.continuous
-    lane_req = np.tile(np.arange(n_req), len(plans))
+    per_policy = tables.replicas * n_req  # lanes of one policy: replica-major, then request
+    n_lanes = len(plans) * per_policy
+    lane_slot = np.tile(np.arange(per_policy), len(plans))  # replica * R + request
+    lane_req = lane_slot % n_req
     s = _LaneState(
         ids=np.arange(n_lanes),  # original lane of each slot (slots shrink as lanes finish)
-        base=lane_req * (tables.n_arms * tables.width),
+        base=lane_slot * (tables.n_arms * tables.width),
+        drift_base=lane_req * (tables.n_arms * tables.width),
+        dither_base=lane_req * tables.width,
         osl=tables.osl[lane_req],
-        osl_f=tables.osl[lane_req].astype(np.float64),
         n=np.zeros(n_lanes, dtype=np.int64),
-        pos=np.zeros(n_lanes, dtype=np.float64),
         refreshes=np.zeros(n_lanes, dtype=np.int64),
         last_refresh=np.zeros(n_lanes, dtype=np.int64),
-        history=[],  # AL of the last `window` rounds, oldest first
     )
-    arm_offset = _arm_offsets(tables, arm_mode)
+    arms = _age_arms(tables, arm_mode)
     deciding = arm_mode == "age"
     events: list[tuple[np.ndarray, np.ndarray]] | None = [] if record_refreshes else None
     evaluators: list[list[Any]] = []
-    window = 1
-    need_acceptance = need_drop = need_entropy = need_rise = need_drift = False
+    engine: SignalEngine | None = None
+    need_entropy = need_drift = False
     if deciding:
         controllers = [plan.controller for plan in plans]
         assert all(c is not None for c in controllers)
-        alpha = _lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], n_req)
         s.__dict__.update(
-            stride=_int_lanes([c["schedule"]["decision_stride"] for c in controllers], n_req),
-            min_age=_int_lanes([c["schedule"]["min_age"] for c in controllers], n_req),
-            max_age=_int_lanes([c["schedule"]["max_age"] for c in controllers], n_req),
-            alpha=alpha,
-            one_minus_alpha=1.0 - alpha,
-            entropy_sum=np.zeros(n_lanes),
-            entropy_count=np.zeros(n_lanes),
-            base_acceptance=np.full(n_lanes, np.nan),
-            base_entropy=np.full(n_lanes, np.nan),
+            stride=_int_lanes([c["schedule"]["decision_stride"] for c in controllers], per_policy),
+            min_age=_int_lanes([c["schedule"]["min_age"] for c in controllers], per_policy),
+            max_age=_int_lanes([c["schedule"]["max_age"] for c in controllers], per_policy),
             stride_index=np.zeros(n_lanes, dtype=np.int64),
         )
-        window = controllers[0]["signals"]["acceptance"]["rounds"]
-        used: set[str] = set().union(*(policy_signals(c["policy"]) for c in controllers))
+        used: set[str] = set(SIGNAL_NAMES) if observer is not None else set()
+        used = used.union(*(policy_signals(c["policy"]) for c in controllers))
+        engine = SignalEngine(
+            n_lanes,
+            alpha=_lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], per_policy),
+            rounds=controllers[0]["signals"]["acceptance"]["rounds"],
+            need=used,
+        )
         nan_signals = {"query_drift"} if tables.drift_may_be_nan or tables.drift is None else set()
         if tables.entropy_has_nan:
             nan_signals |= {"entropy", "entropy_rise"}
-        evaluators = _group_evaluators([c["policy"] for c in controllers], n_req, nan_signals)
-        need_acceptance = bool(used & {"acceptance", "acceptance_drop"})
-        need_drop = "acceptance_drop" in used
-        need_entropy = bool(used & {"entropy", "entropy_rise"})
-        need_rise = "entropy_rise" in used
-        need_drift = "query_drift" in used
+        nan_signals |= {"acceptance_drop", "entropy_rise"}  # missing until the baseline decision
+        evaluators = _group_evaluators([c["policy"] for c in controllers], per_policy, nan_signals)
+        need_entropy = engine.need_entropy
+        need_drift = engine.need_drift and tables.drift is not None
+    k = float(tables.draft_length)
 
     final = np.zeros(n_lanes)
     refreshes_out = np.zeros(n_lanes, dtype=np.int64)
@@ -547,66 +639,32 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
     with np.errstate(invalid="ignore", divide="ignore"):
         while True:
             n = s.n
-            starts.append(s.pos if continuous else n)
+            starts.append(n)
             age = n - s.last_refresh
-            row = s.base + arm_offset.take(age) + n
-            fetched = rows.take(row, axis=0)
-            accepted_len = fetched[:, 0]
-            if continuous:
-                remaining = s.osl_f - s.pos
-                cut = accepted_len >= remaining
-                s.pos = s.pos + accepted_len
-                np.putmask(s.pos, cut, s.osl_f)
-                accepted_len = np.minimum(accepted_len, remaining)
-                n_new = s.pos.astype(np.int64)
-                step = n_new - n
-            else:
-                step = accepted_len.astype(np.int64)
-                n_new = n + step
+            arm = arms.younger.take(age)
+            if arms.interpolates:
+                mix = tables.dither.take(s.dither_base + n) < arms.weight.take(age)
+                arm = np.where(mix, arms.older.take(age), arm)
+            row = s.base + arm + n
+            step = tables.accepted.take(row).astype(np.int64)
+            accepted_len = step.astype(np.float64)
+            n_new = n + step
             s.n = n_new
-            if deciding:
-                if need_acceptance:
-                    s.history.append(accepted_len)
-                    if len(s.history) > window:
-                        del s.history[0]
+            if engine is not None:
                 if need_entropy:
-                    s.entropy_sum += fetched[:, 1]
-                    s.entropy_count += fetched[:, 2]
+                    engine.record_round(accepted_len, tables.entropy.take(row), np.minimum(accepted_len, k))
+                else:
+                    engine.record_round(accepted_len)
                 new_stride_index = n_new // s.stride
                 decision = new_stride_index > s.stride_index
                 s.stride_index = new_stride_index
                 if np.count_nonzero(decision):
-                    age += step
-                    signals: dict[str, np.ndarray] = {}
-                    if need_acceptance:
-                        acceptance = s.history[0]
-                        for older_first in s.history[1:]:
-                            acceptance = s.alpha * older_first + s.one_minus_alpha * acceptance
-                        signals["acceptance"] = acceptance
-                        if need_drop:
-                            drop = s.base_acceptance - acceptance  # NaN exactly where no baseline yet
-                            unset = np.isnan(drop)
-                            np.putmask(drop, unset, 0.0)
-                            np.putmask(s.base_acceptance, decision & unset, acceptance)
-                            signals["acceptance_drop"] = drop
-                    if need_entropy:
-                        entropy = s.entropy_sum / s.entropy_count
-                        signals["entropy"] = entropy
-                        np.putmask(s.entropy_sum, decision, 0.0)
-                        np.putmask(s.entropy_count, decision, 0.0)
-                        if need_rise:
-                            unset = np.isnan(s.base_entropy)
-                            rise = entropy - s.base_entropy
-                            np.putmask(rise, unset, 0.0)
-                            if tables.entropy_has_nan:
-                                np.putmask(rise, np.isnan(entropy), np.nan)
-                            np.putmask(s.base_entropy, decision & unset, entropy)
-                            signals["entropy_rise"] = rise
-                    if need_drift:
-                        if tables.drift is None:
-                            signals["query_drift"] = np.full(len(n), np.nan)
-                        else:
-                            signals["query_drift"] = tables.drift.take(row + step)
+                    age = age + step
+                    drift = tables.drift.take(s.drift_base + arm + n_new) if need_drift else None
+                    signals = engine.decide(decision, drift)
+                    if observer is not None:
+                        where = np.flatnonzero(decision)
+                        observer(s.ids[where], n_new[where], age[where], {k_: v[where] for k_, v in signals.items()})
                     if len(evaluators) == 1:
                         fires = evaluators[0][0].fires(signals, age, slice(None))
                     else:
@@ -618,10 +676,7 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
                     refresh &= decision
                     np.putmask(s.last_refresh, refresh, n_new)
                     s.refreshes += refresh
-                    if need_drop:
-                        np.putmask(s.base_acceptance, refresh, np.nan)
-                    if need_rise:
-                        np.putmask(s.base_entropy, refresh, np.nan)
+                    engine.refreshed(refresh)
                     if events is not None:
                         refreshed = np.flatnonzero(refresh)
                         events.append((s.ids[refreshed], n_new[refreshed]))
@@ -634,17 +689,18 @@ def _run_lanes(tables: _Tables, plans: list[_Plan], arm_mode: str, record_refres
                 continue
             # Record the totals of finished lanes, then drop them from every per-lane array.
             finished = ~active
-            final[s.ids[finished]] = s.pos[finished] if continuous else s.n[finished]
+            final[s.ids[finished]] = s.n[finished]
             refreshes_out[s.ids[finished]] = s.refreshes[finished]
             if starts:
-                after = (s.pos if continuous else s.n).astype(np.float64)
                 started = np.stack(starts).astype(np.float64)
-                ended = np.concatenate([started[1:], after[None]], axis=0)
+                ended = np.concatenate([started[1:], s.n.astype(np.float64)[None]], axis=0)
                 segments.append((s.ids, started, ended))
             starts = []
             if n_active == 0:
                 break
             s.keep(active)
+            if engine is not None:
+                engine.keep(active)
             bounds = np.concatenate([[0], np.cumsum(active)])
             for group in evaluators:
                 group[0].params.keep(active[group[1] : group[2]])
@@ -662,22 +718,8 @@ def _int_lanes(values: Sequence[int], n_requests: int) -> np.ndarray | int:
 # Public entry points.
 
 
-def replay_many(
-    traces: ProbeTraces,
-    policies: Sequence[PolicySpec],
-    *,
-    position_bin: int = 256,
-    record_refreshes: bool = False,
-) -> list[ReplayResult]:
-    """Replay several policies at once (one lane per policy and request); results in input order.
-
-    Policies sharing the acceptance window (``signals.acceptance.rounds``) run in the same lockstep
-    loop, which is much faster per policy than replaying them one by one.
-    """
-    if position_bin < 1:
-        raise ValueError("position_bin must be >= 1")
-    plans = [_plan(policy) for policy in policies]
-    tables = _tables(traces)
+def _batches(plans: list[_Plan]) -> dict[tuple, list[int]]:
+    """Plans that can share one lockstep run (same arm mode and acceptance window)."""
     batches: dict[tuple, list[int]] = {}
     for index, plan in enumerate(plans):
         if plan.controller is None:
@@ -685,16 +727,39 @@ def replay_many(
         else:
             key = ("age", plan.controller["signals"]["acceptance"]["rounds"])
         batches.setdefault(key, []).append(index)
+    return batches
+
+
+def replay_many(
+    traces: ProbeTraces,
+    policies: Sequence[PolicySpec],
+    *,
+    position_bin: int = 256,
+    record_refreshes: bool = False,
+    replicas: int | None = None,
+    seed: int = 0,
+) -> list[ReplayResult]:
+    """Replay several policies at once (one lane per policy, replica and request); results in input order.
+
+    ``replicas`` / ``seed``: sampling replicas at T > 0 (default :data:`DEFAULT_REPLICAS`, seed 0);
+    T = 0 replay is exact and ignores both. Policies sharing the acceptance window
+    (``signals.acceptance.rounds``) run in the same lockstep loop. A policy that can reach
+    working-set ages beyond the probed arms is refused (ValueError naming the range).
+    """
+    if position_bin < 1:
+        raise ValueError("position_bin must be >= 1")
+    plans = [_plan(policy) for policy in policies]
+    for plan in plans:
+        _check_age_range(traces, plan)
+    tables = _tables(traces, replicas, seed)
     results: list[ReplayResult | None] = [None] * len(plans)
-    for (arm_mode, *_), indices in batches.items():
+    for (arm_mode, *_), indices in _batches(plans).items():
         if arm_mode == "age":
             indices = sorted(indices, key=lambda i: repr(_skeleton(plans[i].controller["policy"])))
         batch = [plans[i] for i in indices]
         output = _run_lanes(tables, batch, arm_mode, record_refreshes)
         labels = [plan.label for plan in batch]
-        for index, result in zip(
-            indices, _results(traces, tables, output, labels, position_bin), strict=True
-        ):
+        for index, result in zip(indices, _results(traces, tables, output, labels, position_bin), strict=True):
             results[index] = result
     return [result for result in results if result is not None]
 
@@ -705,18 +770,79 @@ def replay(
     *,
     position_bin: int = 256,
     record_refreshes: bool = False,
+    replicas: int | None = None,
+    seed: int = 0,
 ) -> ReplayResult:
     """Replay one policy: a controller dict, a Controller, or ``stat``/``full``/``periodic:N``/``dyn:N``."""
-    return replay_many(traces, [policy], position_bin=position_bin, record_refreshes=record_refreshes)[0]
+    return replay_many(
+        traces, [policy], position_bin=position_bin, record_refreshes=record_refreshes, replicas=replicas, seed=seed
+    )[0]
+
+
+@dataclass
+class DecisionPoints:
+    """Signals at every decision of some replayed walks (one row per lane decision)."""
+
+    signals: dict[str, np.ndarray]  # name -> (N,), NaN where missing
+    request: np.ndarray  # (N,) request index in the traces
+    position: np.ndarray  # (N,) committed tokens at the decision
+    age: np.ndarray  # (N,) working-set age at the decision (before a refresh it triggers)
+    replica: np.ndarray  # (N,) sampling replica
+
+    def __len__(self) -> int:
+        return len(self.request)
+
+
+def decision_points(
+    traces: ProbeTraces,
+    policies: Sequence[PolicySpec],
+    *,
+    replicas: int | None = None,
+    seed: int = 0,
+) -> DecisionPoints:
+    """Every signal at every decision point of ``policies`` walked over ``traces`` (the grids' and
+    the score fit's view of the signals: the same engine and rounds as replay)."""
+    plans = [_plan(policy) for policy in policies]
+    if any(plan.controller is None for plan in plans):
+        raise ValueError("decision points need deciding policies (controller dicts or periodic:N)")
+    for plan in plans:
+        _check_age_range(traces, plan)
+    tables = _tables(traces, replicas, seed)
+    n_req = len(tables.osl)
+    parts: dict[str, list[np.ndarray]] = {"ids": [], "position": [], "age": []}
+    signal_parts: dict[str, list[np.ndarray]] = {name: [] for name in SIGNAL_NAMES}
+
+    def observe(ids: np.ndarray, position: np.ndarray, age: np.ndarray, signals: dict[str, np.ndarray]) -> None:
+        parts["ids"].append(ids)
+        parts["position"].append(position)
+        parts["age"].append(age)
+        for name in SIGNAL_NAMES:
+            signal_parts[name].append(np.asarray(signals[name], dtype=np.float64))
+
+    for _, indices in _batches(plans).items():
+        _run_lanes(tables, [plans[i] for i in indices], "age", False, observe)
+    ids = np.concatenate(parts["ids"]) if parts["ids"] else np.zeros(0, np.int64)
+    slot = ids % (tables.replicas * n_req)
+    return DecisionPoints(
+        signals={
+            name: np.concatenate(chunks) if chunks else np.zeros(0) for name, chunks in signal_parts.items()
+        },
+        request=slot % n_req,
+        position=np.concatenate(parts["position"]) if parts["position"] else np.zeros(0, np.int64),
+        age=np.concatenate(parts["age"]) if parts["age"] else np.zeros(0, np.int64),
+        replica=slot // n_req,
+    )
 
 
 def _results(
     traces: ProbeTraces, tables: _Tables, output: _LaneOutput, labels: list[str], position_bin: int
 ) -> list[ReplayResult]:
-    """Per-policy results from the lanes of one lockstep run (lanes are policy-major)."""
+    """Per-policy results from the lanes of one lockstep run (lanes: policy, replica, request)."""
     n_req = len(tables.osl)
-    n_lanes = len(labels) * n_req
-    osl = np.tile(tables.osl, len(labels)).astype(np.float64)
+    reps = tables.replicas
+    per_policy = reps * n_req
+    n_lanes = len(labels) * per_policy
+    osl = np.tile(tables.osl, len(labels) * reps).astype(np.float64)
     n_bins = max(1, -(-tables.n_positions // position_bin))
     edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
     rounds = np.zeros(n_lanes, dtype=np.int64)
@@ -740,20 +866,36 @@ def _results(
         order = np.argsort(lanes, kind="stable")
         split = np.searchsorted(lanes[order], np.arange(1, n_lanes))
         positions_by_lane = [p.astype(np.int64) for p in np.split(where[order], split)]
+    if reps > 1:  # per policy and request: mean over the replicas of the bins they reach
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            al_by_position = np.nanmean(al_by_position.reshape(len(labels), reps, n_req, n_bins), axis=1)
+    al_by_position = al_by_position.reshape(len(labels) * n_req, n_bins)
     results = []
     for slot, label in enumerate(labels):
-        lanes_of = slice(slot * n_req, (slot + 1) * n_req)
+        lanes_of = slice(slot * per_policy, (slot + 1) * per_policy)
+        by_replica = (reps, n_req)
+        al_rep = al[lanes_of].reshape(by_replica)
+        by_position = al_by_position[slot * n_req : (slot + 1) * n_req]
         results.append(
             ReplayResult(
                 request_ids=np.asarray(traces.requests["request_id"]),
-                committed=committed[lanes_of],
-                rounds=rounds[lanes_of],
-                refreshes=output.refreshes[lanes_of].copy(),
-                al=al[lanes_of],
+                committed=committed[lanes_of][:n_req],
+                rounds=_replica_mean(rounds[lanes_of].reshape(by_replica)),
+                refreshes=_replica_mean(output.refreshes[lanes_of].reshape(by_replica)),
+                al=al_rep.mean(axis=0),
                 position_edges=edges,
-                al_by_position=al_by_position[lanes_of],
+                al_by_position=by_position,
                 policy=label,
-                refresh_positions=None if positions_by_lane is None else positions_by_lane[lanes_of],
+                refresh_positions=None if positions_by_lane is None else positions_by_lane[lanes_of][:n_req],
+                replicas=reps,
+                seed=tables.seed,
+                replica_mean_al=al_rep.mean(axis=1) if n_req else np.full(reps, np.nan),
             )
         )
     return results
+
+
+def _replica_mean(values: np.ndarray) -> np.ndarray:
+    """Per-request mean over replicas (kept as integers with one replica)."""
+    return values[0].copy() if len(values) == 1 else values.mean(axis=0)

@@ -17,6 +17,7 @@ import numpy as np
 from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
 from rift_ada.controller import SIGNAL_NAMES, validate_policy
 from rift_ada.policies.periodic import Policy
+from rift_ada.policies.signals import knot_transform_array
 
 __all__ = ["ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
 
@@ -58,23 +59,28 @@ class ScoreTerm:
 
 @dataclasses.dataclass
 class SignalSamples:
-    """Controller signals at (request, age arm, stride) points of probe traces, with refresh gains."""
+    """Controller signals at the decision points of replayed walks over probe traces, with refresh gains."""
 
     signals: dict[str, np.ndarray]  # name -> (N,), NaN where unavailable
-    gain: np.ndarray  # (N,) mean outcome under age:0 minus under the sample's arm, over the horizon
+    gain: np.ndarray  # (N,) mean outcome under age:0 minus under the sample's age, over the horizon
     request: np.ndarray  # (N,) request index
-    age: np.ndarray  # (N,) arm age
-    stride: np.ndarray  # (N,) stride index
+    age: np.ndarray  # (N,) working-set age at the decision
+    stride: np.ndarray  # (N,) stride holding the last committed position
 
     def __len__(self) -> int:
         return len(self.gain)
 
 
-def _window_means(values: np.ndarray, valid: np.ndarray, start: np.ndarray, stop: np.ndarray) -> tuple:
-    """Means of ``values`` over valid positions in [start, stop) per (r, a, s), and the valid counts."""
-    zeros = np.zeros(values.shape[:2] + (1,))
-    sums = np.concatenate([zeros, np.cumsum(np.where(valid, values, 0.0), axis=2)], axis=2)
-    counts = np.concatenate([zeros, np.cumsum(np.broadcast_to(valid, values.shape), axis=2)], axis=2)
+def _future_means(traces: ProbeTraces, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean outcome over [n, n + horizon) inside the response, per (request, arm, n), and the count."""
+    n_req, n_arms, n_pos = traces.outcome.shape
+    valid = np.arange(n_pos)[None, None, :] < traces.osl[:, None, None]
+    outcome = np.where(valid, np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0), 0.0)
+    zeros = np.zeros((n_req, n_arms, 1))
+    sums = np.concatenate([zeros, np.cumsum(outcome, axis=2)], axis=2)
+    counts = np.concatenate([zeros, np.cumsum(np.broadcast_to(valid, outcome.shape), axis=2)], axis=2)
+    start = np.arange(n_pos + 1)
+    stop = np.minimum(start + horizon, n_pos)
     total = np.take(sums, stop, axis=2) - np.take(sums, start, axis=2)
     count = np.take(counts, stop, axis=2) - np.take(counts, start, axis=2)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -85,86 +91,51 @@ def counterfactual_samples(
     traces: ProbeTraces,
     *,
     horizon: int = 64,
-    context_strides: int = 2,
     min_horizon: int = 16,
+    ewma_alpha: float = 0.4,
+    ewma_rounds: int = 4,
+    seed: int = 0,
 ) -> SignalSamples:
-    """Signals and refresh gains at every stride s under every ``age:N`` arm a of the traces.
+    """Signals and refresh gains at every decision point of the grids' periodic walks.
 
-    Signals approximate what replay computes at the decision closing stride s (positions
-    [s*d, (s+1)*d), d = traces.decision_stride): ``acceptance`` = mean AL of rounds starting in the
-    last ``context_strides`` strides under a; ``entropy`` = mean draft entropy of stride s under a;
-    ``query_drift`` from the traces; ``acceptance_drop``/``entropy_rise`` against the fresh arm
-    (``age:0``) at the stride where a's refresh happened. Gain = mean outcome under ``age:0`` minus
-    mean outcome under a over the next ``horizon`` positions (at least ``min_horizon`` of them).
+    The signals are exactly those a controller sees (replay's signal engine over the walks of
+    :func:`rift_ada.calibrate.grids.walk_controllers`: periodic refresh at each probed age, ages
+    interpolated between arms, sampled acceptance at T > 0). The gain of refreshing at a decision
+    at position n with working-set age a is the mean outcome over the next ``horizon`` positions
+    (at least ``min_horizon`` of them) under ``age:0`` minus the same under age a, interpolated
+    linearly between the neighbouring arms as replay does.
     """
-    from rift_ada.policies.replay import _tables
+    from rift_ada.calibrate.grids import walk_controllers
+    from rift_ada.policies.replay import decision_points
 
     if age_arm(0) not in traces.arms:
         raise ValueError("traces need an 'age:0' arm to measure refresh gains")
-    tables = _tables(traces)
-    n_req, n_arms, n_pos = traces.outcome.shape
+    walks = walk_controllers(traces, ewma_alpha=ewma_alpha, ewma_rounds=ewma_rounds)
+    points = decision_points(traces, walks, seed=seed)
+    future, future_count = _future_means(traces, horizon)
+    grid = traces.age_grid
+    grid_arms = np.array([traces.arm_index(age_arm(int(a))) for a in grid])
+    age = np.asarray(points.age, dtype=np.int64)
+    position = np.asarray(points.position, dtype=np.int64)
+    request = np.asarray(points.request, dtype=np.int64)
+    lower = np.clip(np.searchsorted(grid, age, side="right") - 1, 0, len(grid) - 1)
+    upper = np.minimum(lower + 1, len(grid) - 1)
+    span = np.maximum(grid[upper] - grid[lower], 1)
+    weight = np.clip((age - grid[lower]) / span, 0.0, 1.0)
+    weight = np.where(upper == lower, 0.0, weight)
+    fresh = future[request, traces.arm_index(age_arm(0)), position]
+    stale = (1.0 - weight) * future[request, grid_arms[lower], position] + weight * future[
+        request, grid_arms[upper], position
+    ]
+    keep = future_count[request, 0, position] >= min_horizon
     d = traces.decision_stride
-    n_strides = -(-n_pos // d)
-    osl = traces.osl
-    valid = np.arange(n_pos)[None, None, :] < osl[:, None, None]
-    accepted_len = tables.rows[:, 0].reshape(n_req, n_arms, tables.width)[:, :, :n_pos]
-    ends = np.minimum((np.arange(n_strides) + 1) * d, n_pos)
-    stride_starts = np.arange(n_strides) * d
-    acceptance, _ = _window_means(accepted_len, valid, np.maximum(ends - context_strides * d, 0), ends)
-    entropy, _ = _window_means(traces.entropy.astype(np.float64), valid, stride_starts, ends)
-    outcome = np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0)
-    future, future_count = _window_means(outcome, valid, ends, np.minimum(ends + horizon, n_pos))
-    fresh = traces.arm_index(age_arm(0))
-    drift = traces.stride_signals.get("query_drift")
-
-    signals: dict[str, list[np.ndarray]] = {name: [] for name in SIGNAL_NAMES}
-    gains, requests, ages, strides = [], [], [], []
-    for arm_name in traces.arms:
-        if not arm_name.startswith("age:"):
-            continue
-        arm = traces.arm_index(arm_name)
-        age = int(arm_name[4:])
-        keep = (ends[None, :] <= osl[:, None]) & (future_count[:, arm, :] >= min_horizon)
-        r_idx, s_idx = np.nonzero(keep)
-        refreshed_at = s_idx - (age + d - 1) // d
-        baseline_ok = refreshed_at >= 0
-        base_stride = np.maximum(refreshed_at, 0)
-        acc_now = acceptance[r_idx, arm, s_idx]
-        ent_now = entropy[r_idx, arm, s_idx]
-        signals["acceptance"].append(acc_now)
-        signals["entropy"].append(ent_now)
-        signals["query_drift"].append(
-            drift[r_idx, arm, s_idx].astype(np.float64) if drift is not None else np.full(len(r_idx), np.nan)
-        )
-        signals["acceptance_drop"].append(
-            np.where(baseline_ok, acceptance[r_idx, fresh, base_stride] - acc_now, 0.0)
-        )
-        signals["entropy_rise"].append(
-            np.where(baseline_ok, ent_now - entropy[r_idx, fresh, base_stride], 0.0)
-        )
-        gains.append(future[r_idx, fresh, s_idx] - future[r_idx, arm, s_idx])
-        requests.append(r_idx)
-        ages.append(np.full(len(r_idx), age))
-        strides.append(s_idx)
-    if not gains:
-        raise ValueError("traces have no age:N arms")
     return SignalSamples(
-        signals={name: np.concatenate(parts) for name, parts in signals.items()},
-        gain=np.concatenate(gains),
-        request=np.concatenate(requests),
-        age=np.concatenate(ages),
-        stride=np.concatenate(strides),
+        signals={name: np.asarray(points.signals[name])[keep] for name in SIGNAL_NAMES},
+        gain=(fresh - stale)[keep],
+        request=request[keep],
+        age=age[keep],
+        stride=((position - 1) // d)[keep],
     )
-
-
-def _transform(z: np.ndarray, knots: Sequence[Sequence[float]]) -> np.ndarray:
-    xs = np.array([x for x, _ in knots], dtype=np.float64)
-    ys = np.array([y for _, y in knots], dtype=np.float64)
-    slopes = np.array([(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)])
-    segment = np.clip(np.searchsorted(xs, z, side="right") - 1, 0, len(xs) - 2)
-    inside = ys[segment] + slopes[segment] * (z - xs[segment])
-    inside = np.where(z <= xs[0], ys[0], inside)
-    return np.where(z >= xs[-1], ys[-1], inside)
 
 
 @dataclasses.dataclass
@@ -197,7 +168,7 @@ class ScorePolicy(Policy):
             value = np.asarray(signals[term.signal], dtype=np.float64)
             z = (value - term.mean) * (term.orientation / term.scale)
             if term.knots is not None:
-                z = _transform(z, term.knots)
+                z = knot_transform_array(z, term.knots)
             total = total + np.where(np.isnan(value), 0.0, term.weight * z)
         return np.asarray(total, dtype=np.float64)
 
@@ -222,7 +193,7 @@ class ScorePolicy(Policy):
         from scipy.optimize import nnls
 
         samples = (
-            traces if isinstance(traces, SignalSamples) else counterfactual_samples(traces, horizon=horizon)
+            traces if isinstance(traces, SignalSamples) else counterfactual_samples(traces, horizon=horizon, seed=seed)
         )
         names = list(signals) if signals is not None else list(SIGNAL_NAMES)
         unknown = [name for name in names if name not in SIGNAL_NAMES]

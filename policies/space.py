@@ -7,9 +7,10 @@ have written from the signal statistics, and TPE learns over a small discrete sp
 Parameter names (stable; they appear in studies and in controller provenance):
 
 * ``family``: one of the enabled families.
-* gate: ``gate_rules`` (1..max_rules), ``gate_combine`` (``any``/``all``, when >1 rule),
-  ``gate_rule{i}_signal``, ``gate_rule{i}_{signal}_q`` (grid index), ``gate_drift``
-  (``none``/``or``/``and``, when a query-drift grid exists) and ``gate_drift_q``.
+* gate: ``gate_rules`` (1..max_rules, default 5), ``gate_combine`` (``any``/``all``, when >1
+  rule), ``gate_rule{i}_signal`` (any of the five signals with a grid), ``gate_rule{i}_{signal}_q``
+  (grid index), ``gate_drift`` (``none``/``or``/``and``, when a query-drift grid exists) and
+  ``gate_drift_q``. Five ``any`` rules, one per signal, are the paper's five-condition gate.
 * score: ``score_q`` (index into the grid of fitted-score percentiles).
 """
 
@@ -29,6 +30,9 @@ SIGNAL_OPS: dict[str, str] = {
     "entropy_rise": ">=",
 }
 LEVEL_AND_DETERIORATION: tuple[str, ...] = ("acceptance", "entropy", "acceptance_drop", "entropy_rise")
+# The paper's any-gate (section 4.4): acceptance low, entropy high, acceptance fallen or entropy
+# risen since the refresh, or query drift high: five rules, one per signal.
+PAPER_GATE_SIGNALS: tuple[str, ...] = LEVEL_AND_DETERIORATION + ("query_drift",)
 FAMILIES: tuple[str, ...] = ("gate", "score")
 
 
@@ -53,8 +57,8 @@ class SearchSpace:
     families: tuple[str, ...] = FAMILIES
     score_terms: tuple[dict[str, Any], ...] = ()
     score_grid: tuple[float, ...] = ()
-    max_rules: int = 3
-    rule_signals: tuple[str, ...] = field(default=LEVEL_AND_DETERIORATION)
+    max_rules: int = 5
+    rule_signals: tuple[str, ...] = field(default=PAPER_GATE_SIGNALS)
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -65,7 +69,7 @@ class SearchSpace:
 
     @property
     def gate_signals(self) -> tuple[str, ...]:
-        """Level/deterioration signals the gate rules may use (those with a non-empty grid)."""
+        """Signals the gate rules may use (those of ``rule_signals`` with a non-empty grid)."""
         return tuple(s for s in self.rule_signals if self.grids.get(s))
 
     @property

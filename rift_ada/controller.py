@@ -660,6 +660,7 @@ class Session:
         "_refresh_n",
         "_rounds",
         "_signals",
+        "_since_refresh",
         "_stride",
         "decisions",
         "refresh_positions",
@@ -674,6 +675,7 @@ class Session:
         self._alpha = controller.ewma_alpha
         self._one_minus_alpha = 1.0 - controller.ewma_alpha
         self._rounds: deque[float] = deque(maxlen=controller.acceptance_rounds)
+        self._since_refresh = 0  # rounds completed since the last refresh (or the prefill)
         self._entropy_sum = 0.0
         self._entropy_count = 0
         self._drift = _NAN
@@ -694,6 +696,7 @@ class Session:
     def record_round(self, accepted_len: float, draft_entropies: Iterable[float] = ()) -> None:
         """Record one verification round: its AL (accepted drafted tokens + 1) and its draft entropies."""
         self._rounds.append(float(accepted_len))
+        self._since_refresh += 1
         total = 0.0
         count = 0
         for entropy in draft_entropies:
@@ -746,20 +749,14 @@ class Session:
             self._entropy_count = 0
         else:
             entropy = _NAN
-        if acceptance != acceptance:
-            acceptance_drop = _NAN
-        elif self._base_acceptance != self._base_acceptance:
+        # Baselines: the values at the first decision whose acceptance window lies after the refresh.
+        ready = self._since_refresh >= self._rounds.maxlen
+        if ready and self._base_acceptance != self._base_acceptance and acceptance == acceptance:
             self._base_acceptance = acceptance
-            acceptance_drop = 0.0
-        else:
-            acceptance_drop = self._base_acceptance - acceptance
-        if entropy != entropy:
-            entropy_rise = _NAN
-        elif self._base_entropy != self._base_entropy:
+        if ready and self._base_entropy != self._base_entropy and entropy == entropy:
             self._base_entropy = entropy
-            entropy_rise = 0.0
-        else:
-            entropy_rise = entropy - self._base_entropy
+        acceptance_drop = self._base_acceptance - acceptance  # NaN while no baseline is held
+        entropy_rise = entropy - self._base_entropy
         signals = [acceptance, entropy, self._drift, acceptance_drop, entropy_rise]
         self._signals = signals
         age = n_committed - self._refresh_n
@@ -774,6 +771,7 @@ class Session:
         self.refresh_positions.append(n_committed)
         self._base_acceptance = _NAN
         self._base_entropy = _NAN
+        self._since_refresh = 0
         if self._drift_mode == 2:
             self._query_ref = self._query_now
             self._drift = 0.0

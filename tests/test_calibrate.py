@@ -313,3 +313,64 @@ def test_progress_hook_and_log(tmp_path, small_traces):
     assert max(e[1] for e in events if e[0] == "study") == 10 + 7
     assert lines[0].startswith("splits: calibration 16, selection 12, confirmation 12")
     assert result.split_sizes == {"calibration": 16, "selection": 12, "confirmation": 12}
+
+
+def _interval(estimate: float, low: float, high: float) -> dict[str, float]:
+    return {"estimate": estimate, "low": low, "high": high}
+
+
+def test_al_kept_means_non_inferior_within_the_margin() -> None:
+    from rift_ada.calibrate.pipeline import verdict
+
+    def comparisons(al_low: float) -> list[dict]:
+        return [
+            {"baseline": "periodic:128", "refresh_reduction": _interval(0.4, 0.3, 0.5),
+             "al_difference": _interval(0.0, al_low, 0.05)},
+            {"baseline": "periodic:300", "refresh_reduction": None, "al_difference": _interval(0.2, 0.1, 0.3)},
+        ]
+
+    # reference AL 8: a 1% margin is 0.08 AL
+    kept = verdict(comparisons(-0.07), "periodic:128", reference_al=8.0)
+    assert kept["gain"] and kept["margin"] == {"fraction": 0.01, "al": 0.08, "reference_al": 8.0}
+    assert "margin 1% of the reference AL = 0.080" in kept["text"]
+    # The CI includes 0 (the old rule called that "AL kept") but reaches below -margin: not kept.
+    wide = verdict(comparisons(-0.09), "periodic:128", reference_al=8.0)
+    assert not wide["gain"] and any("non-inferior" in reason for reason in wide["reasons"])
+    assert verdict(comparisons(-0.09), "periodic:128", reference_al=8.0, margin=0.02)["gain"]
+    assert not verdict(comparisons(-0.07), "periodic:128", reference_al=8.0, margin=0.0)["gain"]
+
+
+def test_gate_space_expresses_the_papers_five_condition_any_gate():
+    grids = {s: (0.1, 0.2, 0.3) for s in SIGNALS}
+    space = SearchSpace(grids=grids, families=("gate",))
+    order = ("acceptance", "entropy", "acceptance_drop", "entropy_rise", "query_drift")
+    params = {"family": "gate", "gate_rules": 5, "gate_combine": "any", "gate_drift": "none"}
+    for i, signal in enumerate(order):
+        params[f"gate_rule{i}_signal"] = signal
+        params[f"gate_rule{i}_{signal}_q"] = 1
+    family, policy = space.suggest(optuna.trial.FixedTrial(params))
+    assert family == "gate"
+    assert policy == {
+        "kind": "gate",
+        "any": [
+            {"signal": "acceptance", "op": "<=", "value": 0.2},
+            {"signal": "entropy", "op": ">=", "value": 0.2},
+            {"signal": "acceptance_drop", "op": ">=", "value": 0.2},
+            {"signal": "entropy_rise", "op": ">=", "value": 0.2},
+            {"signal": "query_drift", "op": ">=", "value": 0.2},
+        ],
+    }
+    Controller.from_dict(make_controller_dict(policy, name="paper", draft="d", target="t", temperature=0.0))
+
+
+def test_sampler_provenance_is_read_from_the_sampler(planted_run):
+    sampler = planted_run.calibration["study"]["sampler"]
+    assert sampler.startswith("TPESampler(") and "constant_liar=False" in sampler and "seed 0" in sampler
+    assert planted_run.controller["calibration"]["study"]["sampler"] == sampler
+
+
+def test_schedule_beyond_the_probe_arms_is_refused_before_the_study(tmp_path):
+    traces = synthetic_traces(12, 600, seed=2, arm_ages=(0, 32, 64, 128, 256))
+    with pytest.raises(CalibrationError, match=r"beyond the probe arms \(0\.\.256\): schedule\.max_age \(768\)"):
+        _run(traces, tmp_path)
+    assert not (tmp_path / "study.db").exists()

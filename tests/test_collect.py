@@ -400,7 +400,9 @@ def test_replay_of_probe_traces_matches_closed_loop(collected):
             assert gap <= 0.10, (name, replayed.mean_al, measured["al"].mean())
             expected = measured["refreshes"].sum()
             assert expected >= 3 * 128 // (2 * int(name.split(":")[1]))  # at least every other interval
-            assert abs(replayed.refreshes.sum() - expected) <= 0.10 * expected, (name, replayed.refreshes, expected)
+            # (replay interpolates between arms, so one refresh can land past the response's end: allow 1)
+            tolerance = max(1.0, 0.10 * expected)
+            assert abs(replayed.refreshes.sum() - expected) <= tolerance, (name, replayed.refreshes, expected)
     assert replay(traces, "full").mean_al == pytest.approx(128 / 26)  # K + 1 = 5 per round, 128 = 25 * 5 + 3
     assert replay(traces, "stat").mean_al < replay(traces, "full").mean_al
 

@@ -107,7 +107,33 @@ def test_entropy_is_the_mean_since_the_previous_decision() -> None:
     session.record_round(8, [0.5, 1.5])
     session.decide(17)
     assert session.last_signals["entropy"] == pytest.approx(1.0)
-    assert session.last_signals["entropy_rise"] == pytest.approx(1.0 - 3.0)
+    # 4 rounds since the prefill only now: this decision takes the baselines
+    assert session.last_signals["entropy_rise"] == 0.0
+    session.record_round(8, [4.0])
+    session.decide(25)
+    assert session.last_signals["entropy_rise"] == pytest.approx(4.0 - 1.0)
+
+
+def test_baselines_wait_until_the_acceptance_window_lies_after_the_refresh() -> None:
+    session = controller(NEVER, decision_stride=8, min_age=0, max_age=16, rounds=4).new_session()
+    for _ in range(2):
+        session.record_round(4, [1.0])
+    session.decide(8)  # 2 rounds since the prefill: no baseline, the deterioration signals are missing
+    assert session.last_signals["acceptance_drop"] is None and session.last_signals["entropy_rise"] is None
+    for _ in range(2):
+        session.record_round(4, [1.0])
+    assert session.decide(16) is True  # max_age; 4 rounds: baselines taken (then dropped by the refresh)
+    assert session.last_signals["acceptance_drop"] == 0.0
+    for accepted_len in (2, 2, 2):
+        session.record_round(accepted_len, [2.0])
+    session.decide(22)  # no decision (same stride)
+    session.decide(24)  # 3 rounds after the refresh: the window still holds a pre-refresh round
+    assert session.last_signals["acceptance_drop"] is None
+    session.record_round(2, [2.0])
+    session.decide(26)
+    session.record_round(6, [3.0])
+    session.decide(32)  # max_age again, with the baseline set at this decision first
+    assert session.last_signals["acceptance_drop"] == 0.0 and session.last_signals["entropy_rise"] == 0.0
 
 
 def test_drop_and_rise_baselines_reset_on_refresh() -> None:

@@ -21,56 +21,74 @@ from rift_ada.policies.replay import named_policy_controller, replay, replay_man
 # The scalar reference: a real Controller session per request, stepped round by round.
 
 
-def arm_for_age(traces: ProbeTraces, age: int) -> int:
+PHI = 0.6180339887498949
+SQRT2 = 0.41421356237309515
+
+
+def arm_for_round(traces: ProbeTraces, age: int, request: int, n: int) -> int:
+    """The arm a round reads: between neighbouring probed ages, the older one when the dither < w."""
     grid = sorted(
         (arm_age(name), index) for index, name in enumerate(traces.arms) if arm_age(name) is not None
     )
-    chosen = grid[0][1]
-    for grid_age, index in grid:
-        if grid_age <= age:
-            chosen = index
-    return chosen
+    if age < grid[0][0]:
+        return grid[0][1]
+    if age >= grid[-1][0]:
+        return grid[-1][1]
+    j = max(i for i, (grid_age, _) in enumerate(grid) if grid_age <= age)
+    (young, young_arm), (old, old_arm) = grid[j], grid[j + 1]
+    weight = (age - young) / (old - young)
+    dither = math.modf(PHI * (n + 1.0) + SQRT2 * (request + 1.0))[0]
+    return old_arm if dither < weight else young_arm
 
 
-def scalar_replay(traces: ProbeTraces, controller: dict[str, Any]) -> list[tuple[list[int], int]]:
-    """(refresh positions, rounds) per request, from a Controller driven by hand."""
+def scalar_replay(
+    traces: ProbeTraces,
+    controller: dict[str, Any],
+    seed: int = 0,
+    replica: int = 0,
+    replicas: int = 4,
+    decisions: list[tuple[int, int, dict[str, float | None]]] | None = None,
+) -> list[tuple[list[int], int]]:
+    """(refresh positions, rounds) per request, from a Controller driven by hand.
+
+    ``decisions`` collects (request, n_committed, signals) at every decision the session makes.
+
+    At T > 0 position i of request r is accepted under arm a when u[replica, r, i] < p[r, a, i], with
+    u = numpy.random.default_rng(seed).random((replicas, R, P)) (the documented sampling contract).
+    """
     ctl = Controller.from_dict(controller)
     k = traces.draft_length
-    continuous = traces.temperature > 0
+    sampled = traces.temperature > 0
+    uniforms = np.random.default_rng(seed).random((replicas,) + traces.outcome[:, 0].shape) if sampled else None
     drift = traces.stride_signals.get("query_drift")
     results = []
     for r in range(traces.n_requests):
         osl = int(traces.osl[r])
         session = ctl.new_session()
-        position: float = 0.0
+        n = 0
         rounds = 0
-        while position < osl:
-            n = int(math.floor(position))
-            arm = arm_for_age(traces, n - session.last_refresh)
-            if continuous:
-                product, total = 1.0, 0.0
-                for j in range(k):
-                    product *= float(traces.outcome[r, arm, n + j]) if n + j < osl else 0.0
-                    total += product
-                accepted_len = 1.0 + total
-                if accepted_len >= osl - position:
-                    accepted_len = osl - position
-                    position = float(osl)
-                else:
-                    position += accepted_len
-            else:
-                run = 0
-                while run < k and n + run < osl and traces.outcome[r, arm, n + run] > 0.5:
-                    run += 1
-                accepted_len = min(1 + run, osl - n)
-                position = n + accepted_len
-            session.record_round(
-                accepted_len, [float(e) for e in traces.entropy[r, arm, n : min(n + k, osl)]]
-            )
-            n_committed = int(math.floor(position))
+        while n < osl:
+            arm = arm_for_round(traces, n - session.last_refresh, r, n)
+
+            def accepted(i: int, r: int = r, arm: int = arm) -> bool:
+                value = float(traces.outcome[r, arm, i])
+                if uniforms is None:
+                    return value > 0.5
+                return bool(uniforms[replica, r, i] < (0.0 if math.isnan(value) else value))
+
+            run = 0
+            while run < k and n + run < osl and accepted(n + run):
+                run += 1
+            accepted_len = min(1 + run, osl - n)
+            conditioned = min(accepted_len, k)  # accepted drafts and the first rejected one
+            session.record_round(accepted_len, [float(e) for e in traces.entropy[r, arm, n : n + conditioned]])
+            n += accepted_len
             if drift is not None:
-                session.record_query_drift(float(drift[r, arm, (n_committed - 1) // traces.decision_stride]))
-            session.decide(n_committed)
+                session.record_query_drift(float(drift[r, arm, (n - 1) // traces.decision_stride]))
+            before = session.decisions
+            session.decide(n)
+            if decisions is not None and session.decisions > before:
+                decisions.append((r, n, session.last_signals))
             rounds += 1
         results.append((list(session.refresh_positions), rounds))
     return results
@@ -103,6 +121,8 @@ def random_traces(draw: st.DrawFn) -> ProbeTraces:
     n_req = draw(st.integers(1, 4))
     n_pos = draw(st.integers(1, 160))
     grid = sorted(draw(st.sets(st.sampled_from([0, 4, 8, 16, 32, 64]), min_size=1, max_size=4)))
+    if draw(st.integers(0, 3)):  # usually probe up to the longest response, as collect does by default
+        grid.append(200)
     arms = tuple(f"age:{a}" for a in grid) + ("stat", "full")
     temperature = draw(st.sampled_from([0.0, 1.0]))
     stride = draw(st.integers(1, 12))
@@ -221,29 +241,54 @@ def random_policy(draw: st.DrawFn, kind: str | None = None) -> dict[str, Any]:
 PARITY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def ages_needed(traces: ProbeTraces, controller: dict[str, Any]) -> int:
+    """Oldest working-set age the controller can read on these traces (independent of replay)."""
+    cap = controller["schedule"]["max_age"]
+    if controller["policy"]["kind"] == "periodic":
+        cap = min(cap, max(controller["policy"]["interval"], controller["schedule"]["min_age"]))
+    return min(cap, max(int(traces.osl.max()) - 1, 0))
+
+
+def checked_replay(traces: ProbeTraces, controllers: list[dict[str, Any]]) -> list[Any] | None:
+    """Replay with one replica; None (after checking the message) when the arms are too young."""
+    oldest_arm = int(traces.age_grid.max())
+    too_old = [c for c in controllers if ages_needed(traces, c) > oldest_arm]
+    if too_old:
+        with pytest.raises(ValueError, match=rf"cover ages {int(traces.age_grid.min())}\.\.{oldest_arm} only"):
+            replay_many(traces, controllers)
+        return None
+    return replay_many(traces, controllers, record_refreshes=True, replicas=1)
+
+
 @PARITY
 @given(traces=random_traces(), controller=random_policy("periodic"))
 def test_periodic_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
-    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+    results = checked_replay(traces, [controller])
+    if results is not None:
+        assert_same_decisions(traces, controller, results[0])
 
 
 @PARITY
 @given(traces=random_traces(), controller=random_policy("gate"))
 def test_gate_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
-    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+    results = checked_replay(traces, [controller])
+    if results is not None:
+        assert_same_decisions(traces, controller, results[0])
 
 
 @PARITY
 @given(traces=random_traces(), controller=random_policy("score"))
 def test_score_replay_matches_controller(traces: ProbeTraces, controller: dict[str, Any]) -> None:
-    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+    results = checked_replay(traces, [controller])
+    if results is not None:
+        assert_same_decisions(traces, controller, results[0])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces=random_traces(), controllers=st.lists(random_policy(), min_size=2, max_size=5))
 def test_batched_replay_matches_controller(traces: ProbeTraces, controllers: list[dict[str, Any]]) -> None:
-    results = replay_many(traces, controllers, record_refreshes=True)
-    for controller, result in zip(controllers, results, strict=True):
+    results = checked_replay(traces, controllers)
+    for controller, result in zip(controllers, results or [], strict=False):
         assert_same_decisions(traces, controller, result)
 
 
@@ -275,7 +320,7 @@ def test_schedule_edges_on_synthetic_traces(temperature: float, schedule: dict[s
     controller = make_controller_dict(
         gate, name="edge", draft="d", target="t", temperature=temperature, schedule=schedule
     )
-    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True))
+    assert_same_decisions(traces, controller, replay(traces, controller, record_refreshes=True, replicas=1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,18 +377,78 @@ def test_osl_shorter_than_positions_at_t0() -> None:
     assert result.rounds.tolist() == [2] and result.committed.tolist() == [15]  # AL 12, then 3 (cut)
 
 
-def test_expected_accepted_length_at_t1() -> None:
-    traces = one_request_traces([0.5] * 10, 1.0, draft_length=3)
-    # AL = 1 + 0.5 + 0.25 + 0.125 = 1.875 while 3 positions lie ahead; positions 0, 1.875, 3.75, 5.625,
-    # 7.5 (from 7: p beyond OSL counts 0 -> AL 1 + .5 + .25 + .125 still), 9.375 -> cut 0.625: 6 rounds.
-    result = replay(traces, "full")
-    assert result.rounds.tolist() == [6]
-    assert result.al[0] == pytest.approx(10 / 6)
-    traces = one_request_traces([0.9, 0.8, 0.5, 0.1], 1.0, draft_length=3, osl=4)
-    result = replay(traces, "full", position_bin=1)
-    first = 1 + 0.9 + 0.9 * 0.8 + 0.9 * 0.8 * 0.5
-    assert result.al_by_position[0, 0] == pytest.approx(first)
-    assert result.rounds.tolist() == [2]  # 2.98 first, then the 1.02 left
+def test_sampled_accepted_length_at_t1() -> None:
+    bits = [1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+    # Probabilities 0 and 1 make sampling exact: the same rounds as the match bits at T = 0.
+    exact = replay(one_request_traces([float(b) for b in bits], 1.0, draft_length=3), "full", replicas=3, seed=5)
+    assert exact.rounds.tolist() == [5] and exact.replicas == 3 and exact.mean_al_std == 0.0
+    # p = 0.5 per position, K = 3: E[AL] = 1 + 0.5 + 0.25 + 0.125 = 1.875 per round.
+    traces = one_request_traces([0.5] * 4000, 1.0, draft_length=3)
+    result = replay(traces, "full", replicas=8, seed=1)
+    assert result.mean_al == pytest.approx(1.875, rel=0.02)
+    assert result.replicas == 8 and result.seed == 1 and result.mean_al_std > 0.0
+    assert float(result.rounds[0]) != int(result.rounds[0]) or result.mean_al_std > 0  # a mean over replicas
+    assert replay(traces, "full", replicas=8, seed=1).mean_al == result.mean_al  # seeded
+    assert replay(traces, "full", replicas=8, seed=2).mean_al != result.mean_al
+    assert result.to_dict()["seed"] == 1 and result.to_dict()["replicas"] == 8
+
+
+def two_arm_traces(old_age: int, n_pos: int, temperature: float = 0.0) -> ProbeTraces:
+    """age:0 always matches, age:old_age never does."""
+    arms = ("age:0", f"age:{old_age}", "stat", "full")
+    outcome = np.zeros((1, len(arms), n_pos), dtype=np.float32)
+    outcome[:, 0] = 1.0
+    outcome[:, 3] = 1.0
+    return ProbeTraces(
+        requests={
+            "request_id": np.array(["a"]),
+            "dataset": np.array(["t"]),
+            "category": np.array(["c"]),
+            "tier": np.array(["low"]),
+            "isl": np.array([0]),
+            "osl": np.array([n_pos]),
+        },
+        arms=arms,
+        outcome=outcome,
+        entropy=np.full((1, len(arms), n_pos), 0.5, dtype=np.float32),
+        stride_signals={},
+        temperature=temperature,
+        draft_length=3,
+        decision_stride=8,
+    )
+
+
+def test_ages_between_arms_interpolate_instead_of_reading_the_younger_arm() -> None:
+    traces = two_arm_traces(400, 4000)
+    # Refresh only at age 400: ages 0..399 lie between the two arms.
+    result = replay(traces, "periodic:400", record_refreshes=True, replicas=1)
+    assert result.refresh_positions[0][0] == pytest.approx(400, abs=8)
+    # The floor rule would read age:0 (AL = K + 1 = 4) for the whole walk; interpolation reads the
+    # older arm (AL 1) with probability age / 400, so the AL falls with age inside each interval.
+    assert 1.0 < result.mean_al < 4.0
+    rounds = scalar_replay(traces, named_policy_controller("periodic:400"), replicas=1)[0][1]
+    assert result.rounds[0] == rounds
+    young = replay(traces, "periodic:40").mean_al
+    assert young > result.mean_al  # a younger working set reads the fresh arm more often
+
+
+def test_policy_beyond_the_probed_ages_is_refused() -> None:
+    traces = two_arm_traces(256, 1000)
+    gate = make_controller_dict(
+        {"kind": "gate", "any": [{"signal": "acceptance", "op": "<=", "value": 2.0}]},
+        name="gate",
+        draft="d",
+        target="t",
+        temperature=0.0,
+        schedule={"max_age": 768},
+    )
+    with pytest.raises(ValueError, match=r"'gate' can reach working-set ages up to 768 .* cover ages 0\.\.256 only"):
+        replay(traces, gate)
+    with pytest.raises(ValueError, match=r"ages up to 512"):
+        replay_many(traces, ["periodic:128", "periodic:512"])
+    assert replay(traces, "periodic:256").refreshes[0] > 0  # within the range: fine
+    short = two_arm_traces(256, 200)  # responses shorter than the oldest arm: no age can exceed it
+    assert replay(short, gate).committed.tolist() == [200]
 
 
 def test_named_policies() -> None:

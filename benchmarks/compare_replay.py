@@ -1,0 +1,78 @@
+"""Replay throughput side by side: an earlier ``policies/replay.py`` vs the current one, interleaved.
+
+    git show c98ee1e:policies/replay.py > /tmp/replay_before.py
+    .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py            # 100 x 4096
+    .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py --quick    # 20 x 1024
+
+Both versions replay the same batches of 32 policies per family (as ``bench_replay.py``) on the
+same synthetic traces; runs alternate before / now so that machine load hits both alike, and the
+best of ``--repeats`` is kept. Prints batched evaluations per second and the ratio now / before.
+At T > 0 an evaluation now includes its sampling replicas (default 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_replay import policies  # noqa: E402
+
+from rift_ada.collectors.synthetic import synthetic_traces  # noqa: E402
+from rift_ada.policies import ScorePolicy  # noqa: E402
+from rift_ada.policies import replay as current  # noqa: E402
+
+
+def load_before(path: str) -> object:
+    spec = importlib.util.spec_from_file_location("replay_before", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: cannot load")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["replay_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="an earlier policies/replay.py")
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--positions", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--replicas", type=int, default=None, help="sampling replicas now at T > 0 (default 4)")
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.positions = 20, 1024
+    before = load_before(args.before)
+    for temperature in args.temperature:
+        traces = synthetic_traces(args.requests, args.positions, temperature=temperature, seed=0)
+        fitted = ScorePolicy().fit(traces.subset(np.arange(min(20, args.requests))))
+        before._tables(traces)
+        current._tables(traces)
+        for family, batch in policies(temperature, fitted).items():
+            times: dict[str, list[float]] = {"before": [], "now": []}
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                before.replay_many(traces, batch)
+                times["before"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                current.replay_many(traces, batch, replicas=args.replicas)
+                times["now"].append(time.perf_counter() - start)
+            rate_before, rate_now = (len(batch) / min(times[key]) for key in ("before", "now"))
+            print(
+                f"T={temperature:g} {family:<9} batched eval/s before {rate_before:7.1f}  now {rate_now:7.1f}  "
+                f"now/before {rate_now / rate_before:5.2f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

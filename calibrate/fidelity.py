@@ -1,0 +1,124 @@
+"""Replay fidelity on a real model: replay vs closed loop for the same policies on the same requests.
+
+``measure_fidelity`` generates target responses, collects probe traces, runs the closed loop
+(teacher-forced at T = 0, free-running rejection sampling at T > 0) for ``stat``, periodic
+refresh and a gate controller, replays the same policies over the probe traces (T > 0: seeded
+replicas, mean and spread) and returns one row per policy. ``benchmarks/fidelity.py`` prints
+the table recorded in docs/calibration.md; a slow test runs a small case. Model code is imported
+only when the function runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rift_ada.controller import make_controller_dict
+from rift_ada.policies.replay import replay_many
+
+__all__ = ["FidelityCase", "fidelity_gate", "measure_fidelity"]
+
+
+@dataclass(frozen=True)
+class FidelityCase:
+    """What a fidelity run measures."""
+
+    n_requests: int = 6
+    output_tokens: int = 512
+    budget: int = 256
+    temperature: float = 0.0
+    periodic: tuple[int, ...] = (64,)
+    arm_ages: tuple[int, ...] = (0, 32, 64, 128, 256, 512)
+    replicas: int = 8
+    seed: int = 0
+    dataset: str = "embedded:small"
+    max_isl: int = 1100
+
+
+def fidelity_gate(settings: Any, max_age: int) -> dict[str, Any]:
+    """The gate controller measured: acceptance low or entropy risen since the refresh."""
+    return make_controller_dict(
+        {
+            "kind": "gate",
+            "any": [
+                {"signal": "acceptance", "op": "<=", "value": 6.0},
+                {"signal": "entropy_rise", "op": ">=", "value": 0.3},
+            ],
+        },
+        name="gate",
+        draft=settings.draft,
+        target=settings.target,
+        temperature=settings.temperature,
+        cache=settings.cache_json(),
+        schedule={"decision_stride": settings.decision_stride, "min_age": 32, "max_age": max_age},
+    )
+
+
+def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
+    """Rows (policy, replay AL and spread, closed AL, relative gap, refreshes both ways); also fidelity.json."""
+    from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed, save_json
+    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
+    from rift_ada.collectors.trace_io import read_probe_traces
+
+    out = Path(out_dir)
+    pair = load_pair(model)
+    requests = load_requests(case.dataset, pair.tokenizer, limit=case.n_requests, max_isl=case.max_isl)
+    settings = CollectSettings(
+        draft=pair.preset.draft,
+        target=pair.preset.target_name,
+        temperature=case.temperature,
+        seed=case.seed,
+        budget=case.budget,
+        arm_ages=case.arm_ages,
+        dataset=case.dataset,
+    )
+    targets = ensure_targets(
+        pair,
+        requests,
+        out / "targets.parquet",
+        temperature=case.temperature,
+        seed=case.seed,
+        max_new_tokens=case.output_tokens,
+        min_new_tokens=case.output_tokens,
+    )
+    run_collection(pair, requests, targets, out / "probe", settings, mode="probe")
+    gate = fidelity_gate(settings, max_age=max(case.arm_ages))
+    gate_path = out / "gate.json"
+    save_json(gate_path, gate)
+    periodic = [f"periodic:{interval}" for interval in case.periodic]
+    specs = ["stat", *periodic, str(gate_path)]
+    collect_closed(
+        pair.draft,
+        requests,
+        targets,
+        out / "closed",
+        settings,
+        specs,
+        target_model=pair.target,
+        free_running=case.temperature > 0,
+    )
+    traces = read_probe_traces(out / "probe")
+    closed = closed_results(out / "closed")
+    replays = replay_many(traces, ["stat", *periodic, gate], replicas=case.replicas, seed=case.seed)
+    rows = []
+    for label, replayed in zip(["stat", *periodic, "gate"], replays, strict=True):
+        totals = closed[label]
+        order = [list(map(str, totals["request_id"])).index(str(rid)) for rid in replayed.request_ids]
+        closed_al = float(np.mean(np.asarray(totals["al"], dtype=np.float64)[order]))
+        closed_refreshes = float(np.sum(np.asarray(totals["refreshes"], dtype=np.float64)[order]))
+        rows.append(
+            {
+                "policy": label,
+                "replay_al": replayed.mean_al,
+                "replay_al_std": replayed.mean_al_std,
+                "closed_al": closed_al,
+                "al_gap": (replayed.mean_al - closed_al) / closed_al,
+                "replay_refreshes": float(np.sum(replayed.refreshes)),
+                "closed_refreshes": closed_refreshes,
+            }
+        )
+    save_json(out / "fidelity.json", {"case": case.__dict__, "model": model, "rows": rows})
+    return rows

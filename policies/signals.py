@@ -1,0 +1,183 @@
+"""The one decision-signal engine: every controller signal for many lanes at once (numpy).
+
+A lane is one walk of one request under one policy (and, at T > 0, one sampling replica). Replay
+(:mod:`rift_ada.policies.replay`), the threshold grids (:mod:`rift_ada.calibrate.grids`) and the
+score fit (:func:`rift_ada.policies.score.counterfactual_samples`) all feed their rounds through
+this engine, so they see the signals a deployed :class:`rift_ada.Session` computes; the Session
+(standard library, scalar) is the reference and tests/test_signals.py holds them equal at every
+decision point. The definitions are written once, in docs/controller.md:
+
+* ``acceptance``: EWMA (alpha) over the last ``rounds`` completed rounds' AL, oldest first,
+  seeded with the oldest;
+* ``entropy``: mean draft entropy over the positions recorded since the previous decision (the
+  caller passes the committed-conditioned positions: accepted drafts and the first rejected one);
+* ``query_drift``: supplied by the caller (the collector measured it against the refresh's stride);
+* ``acceptance_drop`` / ``entropy_rise``: the baseline is the value at the first decision at which
+  at least ``rounds`` rounds have completed since the last refresh (so every round of the
+  acceptance window lies after the refresh); at that decision the signal is 0, before it missing
+  (NaN), after it ``baseline - acceptance`` (``entropy - baseline``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from rift_ada.controller import SIGNAL_NAMES
+
+__all__ = ["SignalEngine", "knot_transform_lanes", "knot_transform_array"]
+
+
+class SignalEngine:
+    """Signal state of ``n_lanes`` lanes stepped in lockstep (every lane records one round per step).
+
+    ``alpha``: the EWMA weight, a float or one value per lane; ``rounds``: the acceptance window
+    (shared by all lanes); ``need``: the signals to compute (others come back absent).
+    """
+
+    def __init__(
+        self,
+        n_lanes: int,
+        *,
+        alpha: float | np.ndarray,
+        rounds: int,
+        need: Iterable[str] = SIGNAL_NAMES,
+    ) -> None:
+        need = set(need)
+        unknown = need - set(SIGNAL_NAMES)
+        if unknown:
+            raise ValueError(f"unknown signals {sorted(unknown)} (known: {', '.join(SIGNAL_NAMES)})")
+        if rounds < 1:
+            raise ValueError("rounds must be >= 1")
+        self.rounds = int(rounds)
+        self.alpha = alpha
+        self.one_minus_alpha = 1.0 - alpha
+        self.need_drop = "acceptance_drop" in need
+        self.need_rise = "entropy_rise" in need
+        self.need_acceptance = self.need_drop or "acceptance" in need
+        self.need_entropy = self.need_rise or "entropy" in need
+        self.need_drift = "query_drift" in need
+        self.need_baselines = self.need_drop or self.need_rise
+        self.history: list[np.ndarray] = []  # AL of the last `rounds` rounds, oldest first
+        self.entropy_sum = np.zeros(n_lanes)
+        self.entropy_count = np.zeros(n_lanes)
+        self.since_refresh = np.zeros(n_lanes, dtype=np.int64)  # rounds completed since the last refresh
+        self.base_acceptance = np.full(n_lanes, np.nan)
+        self.base_entropy = np.full(n_lanes, np.nan)
+
+    def record_round(
+        self, accepted_len: np.ndarray, entropy_sum: np.ndarray | None = None, entropy_count: np.ndarray | None = None
+    ) -> None:
+        """One round per lane: its AL and the sum / count of its committed-conditioned draft entropies."""
+        if self.need_acceptance:
+            self.history.append(accepted_len)
+            if len(self.history) > self.rounds:
+                del self.history[0]
+        if self.need_entropy:
+            assert entropy_sum is not None and entropy_count is not None
+            self.entropy_sum += entropy_sum
+            self.entropy_count += entropy_count
+        if self.need_baselines:
+            self.since_refresh += 1
+
+    def decide(self, decision: np.ndarray, drift: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Signals of every lane (meaningful where ``decision``); updates the decision lanes' state.
+
+        As :meth:`rift_ada.Session.decide`: entropy accumulators of the deciding lanes restart, and a
+        deciding lane whose window lies after its refresh takes its baselines.
+        """
+        signals: dict[str, np.ndarray] = {}
+        ready = decision & (self.since_refresh >= self.rounds) if self.need_baselines else decision
+        if self.need_acceptance:
+            acceptance = self._ewma()
+            signals["acceptance"] = acceptance
+            if self.need_drop:
+                signals["acceptance_drop"] = self.base_acceptance_from(acceptance, ready) - acceptance
+        if self.need_entropy:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                entropy = self.entropy_sum / self.entropy_count  # NaN where nothing was recorded
+            signals["entropy"] = entropy
+            np.putmask(self.entropy_sum, decision, 0.0)
+            np.putmask(self.entropy_count, decision, 0.0)
+            if self.need_rise:
+                signals["entropy_rise"] = entropy - self.base_entropy_from(entropy, ready)
+        if self.need_drift:
+            signals["query_drift"] = np.full(len(decision), np.nan) if drift is None else drift
+        return signals
+
+    def _ewma(self) -> np.ndarray:
+        if not self.history:
+            return np.full(len(self.since_refresh), np.nan)
+        acceptance = self.history[0]
+        for accepted_len in self.history[1:]:
+            acceptance = self.alpha * accepted_len + self.one_minus_alpha * acceptance
+        return acceptance
+
+    def base_acceptance_from(self, acceptance: np.ndarray, ready: np.ndarray) -> np.ndarray:
+        """Acceptance baselines, taken now where ``ready`` and none is held (NaN: no baseline yet)."""
+        return _take_baseline(self.base_acceptance, acceptance, ready)
+
+    def base_entropy_from(self, entropy: np.ndarray, ready: np.ndarray) -> np.ndarray:
+        """Entropy baselines, taken now where ``ready`` and none is held (NaN: no baseline yet)."""
+        return _take_baseline(self.base_entropy, entropy, ready)
+
+    def refreshed(self, refresh: np.ndarray) -> None:
+        """The lanes in ``refresh`` refreshed their working set: drop baselines, restart the round count."""
+        if not self.need_baselines:
+            return
+        if self.need_drop:
+            np.putmask(self.base_acceptance, refresh, np.nan)
+        if self.need_rise:
+            np.putmask(self.base_entropy, refresh, np.nan)
+        np.putmask(self.since_refresh, refresh, 0)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the lanes where ``mask`` is False."""
+        self.history = [h[mask] for h in self.history]
+        for name in ("entropy_sum", "entropy_count", "since_refresh", "base_acceptance", "base_entropy"):
+            setattr(self, name, getattr(self, name)[mask])
+        if isinstance(self.alpha, np.ndarray):
+            self.alpha = self.alpha[mask]
+            self.one_minus_alpha = self.one_minus_alpha[mask]
+
+    def state(self) -> dict[str, Any]:
+        """Debugging view of the per-lane state."""
+        return {
+            "history": [h.copy() for h in self.history],
+            "since_refresh": self.since_refresh.copy(),
+            "base_acceptance": self.base_acceptance.copy(),
+            "base_entropy": self.base_entropy.copy(),
+        }
+
+
+def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np.ndarray:
+    """Set ``base`` (in place) to ``value`` where ``ready``, no baseline is held and the value exists."""
+    np.putmask(base, ready & np.isnan(base) & ~np.isnan(value), value)
+    return base
+
+
+def knot_transform_lanes(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
+    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
+
+    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
+    """
+    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
+    count = np.sum(z[:, None] >= xs, axis=1)
+    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
+    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
+    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
+    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
+    inside = y0 + slope * (z - x0)
+    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
+    return np.where(z >= xs[:, -1], ys[:, -1], inside)
+
+
+def knot_transform_array(z: np.ndarray, knots: list[list[float]] | tuple) -> np.ndarray:
+    """:func:`knot_transform_lanes` with one set of ``[x, y]`` knots for every value of ``z``."""
+    xs = np.array([[float(x) for x, _ in knots]])
+    ys = np.array([[float(y) for _, y in knots]])
+    slopes = (ys[:, 1:] - ys[:, :-1]) / (xs[:, 1:] - xs[:, :-1])
+    flat = np.atleast_1d(np.asarray(z, dtype=np.float64))
+    return knot_transform_lanes(flat.ravel(), xs, ys, slopes).reshape(flat.shape)

@@ -1,0 +1,89 @@
+"""Closed-loop confirmation: the verdict and its CIs come from the real loop (tiny random model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_model
+
+from rift_ada.calibrate.bootstrap import al_difference_ci
+from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
+from rift_ada.calibrate.pipeline import calibrate
+from rift_ada.collectors.collect import CollectSettings, closed_results
+from rift_ada.collectors.datasets import Request
+from rift_ada.collectors.synthetic import synthetic_traces
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _job(request_ids: list[str]) -> tuple[list[Request], list[dict]]:
+    requests, targets = [], []
+    for index, rid in enumerate(request_ids):
+        generator = torch.Generator().manual_seed(index)
+        prompt = torch.randint(0, VOCAB, (40,), generator=generator).tolist()
+        response = torch.randint(0, VOCAB, (24,), generator=generator).tolist()
+        requests.append(Request(rid, "synthetic", "cat", "low", [{"role": "user", "content": rid}]))
+        targets.append({"request_id": rid, "prompt_token_ids": prompt, "response_token_ids": response})
+    return requests, targets
+
+
+def test_closed_loop_confirmation_replaces_the_replay_verdict(tmp_path: Path) -> None:
+    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4)
+    traces = synthetic_traces(12, 48, seed=5)
+    result = calibrate(
+        traces,
+        tmp_path / "calibration",
+        name="tiny-T0",
+        draft="synthetic",
+        target="synthetic",
+        temperature=0.0,
+        trials=6,
+        reference_interval=16,
+        n_resamples=500,
+        log=None,
+        cache=settings.cache_json(),
+    )
+    ids = [str(x) for x in result.calibration["confirmation"]["request_ids"]]
+    requests, targets = _job(ids + ["not-in-the-split"])
+    confirmation = confirm_closed(
+        result.calibration,
+        result.controller,
+        draft_model=tiny_model("llama", seed=4),
+        requests=requests,
+        targets=targets,
+        settings=settings,
+        out_dir=tmp_path / "confirm",
+        n_resamples=500,
+    )
+    assert not confirmation.free_running and confirmation.request_ids == sorted(ids)
+    totals = closed_results(confirmation.run_dir)
+    reference = result.calibration["confirmation"]["comparisons"][0]["baseline"]
+    assert set(totals) >= {result.controller["name"], reference}
+    assert all(set(map(str, t["request_id"])) == set(ids) for t in totals.values())  # only the split ran
+    # The CI is the paired bootstrap of the closed-loop per-request ALs (independently recomputed).
+    chosen, base = totals[result.controller["name"]], totals[reference]
+    expected = al_difference_ci(chosen["al"], base["al"], n_resamples=500, seed=confirmation.seed)
+    got = confirmation.comparisons[0]["al_difference"]
+    assert got["estimate"] == pytest.approx(float(np.mean(chosen["al"] - base["al"])))
+    assert got["low"] == pytest.approx(expected.low) and got["high"] == pytest.approx(expected.high)
+    assert confirmation.verdict["source"] == "closed loop"
+    assert confirmation.verdict["margin"]["reference_al"] == pytest.approx(float(np.mean(base["al"])))
+    for entry in confirmation.policies.values():  # replay beside the closed loop
+        assert entry["replay"]["mean_al"] is not None and entry["closed"]["mean_al"] > 0
+    calibration = attach_closed_confirmation(tmp_path / "calibration", confirmation)
+    assert calibration["confirmation"]["verdict"] == confirmation.verdict
+    assert calibration["confirmation"]["replay_verdict"]["source"] == "replay"
+    report = (tmp_path / "calibration" / "report.md").read_text()
+    assert "## Closed-loop confirmation" in report and "Verdict source: closed loop" in report
+    controller = json.loads((tmp_path / "calibration" / "controller.json").read_text())
+    assert controller["calibration"]["confirmation"]["source"] == "closed loop"
