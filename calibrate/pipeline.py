@@ -459,7 +459,8 @@ def calibrate(
         "draft": draft,
         "target": target,
         "temperature": float(temperature),
-        "cache": dict(cache or manifest_cache or DEFAULT_CACHE),
+        # The cache the traces were collected with (block_size None = token level), then explicit overrides.
+        "cache": {**DEFAULT_CACHE, **(manifest_cache or {}), **(cache or {})},
         "schedule": sched,
         "signals": dict(DEFAULT_SIGNALS),
     }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 
 def _floats(text: str, name: str) -> tuple[float, ...]:
@@ -60,7 +61,8 @@ def train(
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16 (GPU default).")] = None,
 ) -> None:
     """Distil the draft from the target under compression-driven attention masks (paper §5)."""
-    from rift_ada.cli.app import _fail, _progress, console
+    from rift_ada.cli._errors import fail
+    from rift_ada.cli.app import _progress, console
     from rift_ada.train.config import TrainConfig
     from rift_ada.train.losses import LossWeights
     from rift_ada.train.trainer import train as run_training
@@ -96,18 +98,23 @@ def train(
             dtype=dtype,
             checkpoint_every=checkpoint_every,
         )
+    except ValueError as error:  # an option out of range: a usage error, before any model loads
+        fail(error, code=2)
+    try:
         with _progress() as progress:
-            task = progress.add_task("train", total=steps, rate="")
 
             def on_step(done: int, total: int, record: dict) -> None:
-                progress.update(task, completed=done, rate=f"loss {record['loss']:.4f}")
+                progress.update("train", done, total, unit="steps")  # the loss goes to the log (rift_ada.train)
 
             result = run_training(config, out, targets=targets_file, on_step=on_step)
     except (ValueError, OSError, ImportError) as error:
-        _fail(error)
+        fail(error)
     console.print(
-        f"trained {result.steps} steps (loss {result.first_loss} -> {result.last_loss}); "
-        f"draft saved to [bold]{result.model_dir}[/bold] (use it as --model {result.model_dir})"
+        Text.assemble(
+            f"trained {result.steps} steps (loss {result.first_loss} -> {result.last_loss}); draft saved to ",
+            (str(result.model_dir), "bold"),
+            f" (use it as --model {result.model_dir})",
+        )
     )
 
 
@@ -127,7 +134,8 @@ def train_eval(
     device: Annotated[str, typer.Option(help="torch device.")] = "cpu",
 ) -> None:
     """AL before/after training (full KV, RIFT-stat, RIFT-dyn per budget) with paired-bootstrap CIs."""
-    from rift_ada.cli.app import _fail, _progress, _TokenRate, console
+    from rift_ada.cli._errors import fail
+    from rift_ada.cli.app import _progress, console
     from rift_ada.train.evaluate import EvalSettings, evaluate_runs
 
     try:
@@ -139,15 +147,23 @@ def train_eval(
             max_new_tokens=max_new_tokens,
             sw_ratio=sw_ratio,
         )
+    except ValueError as error:  # an option out of range: a usage error, before any model loads
+        fail(error, code=2)
+    try:
         with _progress() as progress:
-            task = progress.add_task("closed loop", total=None, rate="")
             result = evaluate_runs(
-                run, out, settings, labels=label, reference=reference, device=device, on_request=_TokenRate(progress, task)
+                run,
+                out,
+                settings,
+                labels=label,
+                reference=reference,
+                device=device,
+                on_request=progress.request_callback("closed loop", None),
             )
     except (ValueError, OSError) as error:
-        _fail(error)
-    console.print(result["markdown"])
-    console.print(f"results: [bold]{out / 'eval.json'}[/bold]")
+        fail(error)
+    console.print(Text(result["markdown"]))
+    console.print(Text.assemble("results: ", (str(out / "eval.json"), "bold")))
 
 
 def register(app: typer.Typer) -> None:

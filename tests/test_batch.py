@@ -10,14 +10,7 @@ from tiny_models import VOCAB, tiny_model
 from rift_ada.budget import make_policy
 from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate, speculative_generate_batch
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run many small forwards: extra threads only spin (and others share the CPUs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _prompt(seed: int, length: int) -> list[int]:

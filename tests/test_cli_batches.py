@@ -3,38 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
-import torch
-import transformers
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
 from rift_ada.collectors.collect import closed_results
 from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import read_tables
-from rift_ada.models import PRESETS, load_model
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A 2-layer random llama with the embedded SmolLM2 tokenizer, and a 3-prompt JSONL dataset."""
-    _, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+def tiny_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny local model (tests/conftest.py) and a 3-prompt JSONL dataset beside a copy of it."""
+    path = tmp_path_factory.mktemp("tiny-with-prompts")
+    shutil.copytree(tiny_model_dir, path, dirs_exist_ok=True)
     prompts = ["Explain the sections in order.", "List three numbers and a word.", "Say something short."]
     dataset = path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(prompts)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import transformers
 from typer.testing import CliRunner
 
@@ -13,22 +12,13 @@ import rift_ada.collectors.pipeline as pipeline
 import rift_ada.models as models
 from rift_ada.cli.app import app
 from rift_ada.collectors.targets_io import read_targets
-from rift_ada.models import PRESETS, load_model, load_tokenizer
+from rift_ada.models import load_model
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A 2-layer random llama with the embedded SmolLM2 tokenizer (loaded alone: no 135M weights)."""
-    tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def tiny_dir(tiny_model_dir):
+    """The tiny local model directory (tests/conftest.py)."""
+    return tiny_model_dir
 
 
 @pytest.fixture

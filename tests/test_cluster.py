@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_end_to_end
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
@@ -20,7 +19,6 @@ from rift_ada.collectors.ray_launcher import plan_shards
 from rift_ada.collectors.trace_io import TraceError, parse_shard, read_tables, trace_status
 
 TESTS_DIR = Path(__file__).resolve().parent
-tiny_model_dir = test_end_to_end.tiny_model_dir  # the tiny local model directory fixture
 LAUNCHER_VARS = (
     "RIFT_ADA_SHARD", "RIFT_ADA_NUM_SHARDS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
     "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE",

@@ -34,13 +34,7 @@ from rift_ada.speculative import speculative_generate
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run many small forwards: extra threads only spin (and others share the CPUs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _request(index: int) -> Request:

@@ -17,13 +17,7 @@ from rift_ada.collectors.collect import CollectSettings, closed_results
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.synthetic import synthetic_traces
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _job(request_ids: list[str]) -> tuple[list[Request], list[dict]]:

@@ -6,34 +6,9 @@ import json
 import re
 
 import pytest
-import torch
-import transformers
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
-from rift_ada.models import PRESETS, load_model
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A 2-layer random llama with the embedded SmolLM2 tokenizer, saved as a local model directory."""
-    _, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from tiny_models import tiny_model
 
 from rift_ada.calibrate.pipeline import check_traces_match
@@ -19,13 +18,7 @@ from rift_ada.collectors.targets_io import TargetsError, read_targets, read_targ
 from rift_ada.collectors.targets_store import generate_targets_resumable, parts_dir_of
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 class WordIds:

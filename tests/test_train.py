@@ -20,12 +20,7 @@ from rift_ada.train.trainer import build_models, dense_pass, training_step_loss
 pytest.importorskip("peft")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _pair(architecture: str) -> LoadedPair:

@@ -6,11 +6,10 @@ import json
 
 import pytest
 import torch
-import transformers
 from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
-from rift_ada.models import PRESETS, load_model, resolve_preset
+from rift_ada.models import load_model, resolve_preset
 from rift_ada.train.config import TrainConfig
 from rift_ada.train.evaluate import EvalSettings, evaluate_runs
 from rift_ada.train.trainer import train
@@ -20,34 +19,7 @@ pytest.importorskip("peft")
 DATA = ["--dataset", "embedded", "--n-requests", "6", "--isl-buckets", "256"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A 2-layer random llama with the embedded SmolLM2 tokenizer, saved as a local model directory."""
-    _, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -152,5 +124,5 @@ def test_bad_options_are_refused_before_any_model_loads(tmp_path):
     assert result.exit_code == 2 and "p_values" in result.output
     result = runner.invoke(app, ["train-eval", "--run", str(tmp_path), "--budgets", "32"])
     assert result.exit_code == 2 and "observation window" in result.output
-    result = runner.invoke(app, ["train-eval", "--run", str(tmp_path)])
-    assert result.exit_code == 2 and "train.json" in result.output
+    result = runner.invoke(app, ["train-eval", "--run", str(tmp_path)])  # not a training run: a bad input file
+    assert result.exit_code == 1 and "train.json" in result.output
