@@ -21,7 +21,7 @@ from rift_ada.collectors.datasets import Request, encode_prompt
 from rift_ada.collectors.probe import probe_arms, probe_request
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 from rift_ada.collectors.targets import ResponseRequest, generate_responses
-from rift_ada.collectors.targets_io import read_targets, target_row, write_targets
+from rift_ada.collectors.targets_io import read_targets, target_row
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest, shard_requests
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
@@ -224,44 +224,6 @@ def generate_target_rows(
             )
             if on_request is not None:
                 on_request(request.request_id, len(response))
-    return rows
-
-
-def generate_targets(
-    target_model: Any,
-    tokenizer: Any,
-    requests: Sequence[Request],
-    out_path: str | Path,
-    *,
-    target_name: str,
-    temperature: float = 0.0,
-    seed: int = 0,
-    max_new_tokens: int = 512,
-    min_new_tokens: int = 0,
-    repetition_penalty: float = 1.0,
-    on_request: ProgressFn | None = None,
-    on_token: Callable[[int], None] | None = None,
-    batch_size: int = 8,
-) -> list[dict[str, Any]]:
-    """Generate target responses for ``requests`` (request k: seed + k) and write them atomically to ``out_path``."""
-    rows = generate_target_rows(
-        target_model,
-        tokenizer,
-        requests,
-        [seed + index for index in range(len(requests))],
-        target_name=target_name,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens,
-        repetition_penalty=repetition_penalty,
-        on_request=on_request,
-        on_token=on_token,
-        batch_size=batch_size,
-    )
-    meta = {"target_model": target_name, "temperature": temperature, "seed": seed}
-    if repetition_penalty != 1.0:
-        meta["repetition_penalty"] = repetition_penalty
-    write_targets(out_path, rows, meta)
     return rows
 
 

@@ -1,12 +1,12 @@
 """Resumable, shardable target generation: one small Parquet per request, merged when all are there.
 
 ``generate_targets_resumable(..., shard="i/N")`` writes each finished response at once to
-``<out>.parts/<request>.parquet`` (atomically, via :func:`collect.generate_targets`), skips the
-ones already there, and, once every request of the run has a response (from any shard), writes
-the single targets file ``<out>`` and removes the parts folder. Request k of the run is sampled
-with seed ``seed + k`` whichever shard runs it, so sharded, resumed and one-shot runs give the
-same rows. ``<out>.parts/settings.json`` pins the generation settings: resuming with others is
-refused.
+``<out>.parts/<request>.parquet`` (atomically: ``collect.generate_target_rows`` then
+``targets_io.write_targets``), skips the ones already there, and, once every request of the run
+has a response (from any shard), writes the single targets file ``<out>`` and removes the parts
+folder. Request k of the run is sampled with seed ``seed + k`` whichever shard runs it, so
+sharded, resumed and one-shot runs give the same rows. ``<out>.parts/settings.json`` pins the
+generation settings: resuming with others is refused.
 """
 
 from __future__ import annotations
