@@ -688,7 +688,7 @@ def report(
 def demo(
     out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/demo"),
     size: Annotated[
-        DemoSize, typer.Option(help="tiny (smoke test), small (default, ~15 min on 2 cores) or full.")
+        DemoSize, typer.Option(help="tiny (smoke test), small (default, ~10 min on 2 cores) or full.")
     ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
