@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             f"T={temperature:g}: {args.requests} requests x {args.positions} positions x "
             f"{len(traces.arms)} arms; replay tables built once per traces in {setup:.2f} s"
         )
-        print(
-            f"  {'family':<9} {'single eval/s':>14} {'batched eval/s':>15} {'batch':>6} {'mean AL':>8} {'ref/1K':>7}"
-        )
+        print(f"  {'family':<9} {'single eval/s':>14} {'batched eval/s':>15} {'batch':>6} {'mean AL':>8} {'ref/1K':>7}")
         rows = {}
         for family, batch in policies(temperature, fitted).items():
             single, batched, result = time_replay(traces, batch, args.repeats)

@@ -140,8 +140,9 @@ def study_summary(run_dir: Path, total: int) -> dict[str, object]:
     return {
         "complete": len(complete),
         "running_or_waiting": sum(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials),
-        "baselines": sorted((t.user_attrs[BASELINE_ATTR], tuple(t.values)) for t in complete
-                            if t.user_attrs.get(BASELINE_ATTR)),  # fmt: skip
+        "baselines": sorted(
+            (t.user_attrs[BASELINE_ATTR], tuple(t.values)) for t in complete if t.user_attrs.get(BASELINE_ATTR)
+        ),  # fmt: skip
         "total_ok": len(complete) == total,
     }
 

@@ -116,13 +116,16 @@ def confirm_closed(
     margin: float | None = None,
     n_resamples: int | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    extra_policies: Sequence[str] = (),
+    batch_size: int = 8,
 ) -> ClosedConfirmation:
     """Run the chosen controller and its two periodic baselines on the confirmation split in the real loop.
 
     ``calibration``: the calibration JSON (``calibration.json``); ``controller``: the exported
     controller dict; ``requests`` / ``targets`` / ``settings``: as for ``collect_closed`` (only the
     confirmation requests are run). The closed-loop run lands in ``out_dir``. ``margin`` defaults to
-    the calibration's. Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
+    the calibration's. ``extra_policies`` (e.g. a benchmark's Table 1 methods) run in the same closed
+    loop, on the same requests. Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
     """
     from rift_ada.collectors.collect import closed_results, collect_closed
 
@@ -141,6 +144,7 @@ def confirm_closed(
         spec = str(controller_path) if label == controller["name"] else label
         if spec not in specs:
             specs.append(spec)
+    specs += [spec for spec in extra_policies if spec not in specs]
     free_running = float(settings.temperature) > 0
     run_dir = out / "closed"
     collect_closed(
@@ -153,6 +157,7 @@ def confirm_closed(
         target_model=target_model,
         on_request=on_request,
         free_running=free_running,
+        batch_size=batch_size,
     )
     totals = closed_results(run_dir)
     order = sorted(wanted)
@@ -226,7 +231,7 @@ def attach_closed_confirmation(calibration_dir: str | Path, confirmation: Closed
     folder = Path(calibration_dir)
     calibration = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))
     conf = calibration["confirmation"]
-    conf["replay_verdict"] = conf["verdict"]
+    conf.setdefault("replay_verdict", conf["verdict"])  # attaching twice keeps replay's own verdict
     conf["closed_loop"] = confirmation.to_dict()
     conf["verdict"] = confirmation.verdict
     atomic_write_json(folder / "calibration.json", calibration)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -60,6 +61,19 @@ def validate_controller(controller: dict[str, Any]) -> Any:
 def canonical_json(obj: Any) -> str:
     """Indented, key-sorted JSON with a trailing newline (stable across runs)."""
     return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=_json_default) + "\n"
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with numpy values as Python ones and NaN / infinity as None (strict JSON has neither)."""
+    if isinstance(obj, dict):
+        return {key: json_safe(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(value) for value in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, str):
+        return json_safe(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _json_default(obj: Any) -> Any:

@@ -87,9 +87,7 @@ def _raise_nan(column: str, bad: np.ndarray, ids: np.ndarray) -> None:
     )
 
 
-def walk_controllers(
-    traces: ProbeTraces, *, ewma_alpha: float = 0.4, ewma_rounds: int = 4
-) -> list[dict[str, Any]]:
+def walk_controllers(traces: ProbeTraces, *, ewma_alpha: float = 0.4, ewma_rounds: int = 4) -> list[dict[str, Any]]:
     """Periodic walks whose decisions pool every working-set age the arms cover.
 
     One periodic controller per probed age g > 0 (interval g, ``min_age`` 0, ``max_age`` g, the

@@ -178,7 +178,7 @@ def _margin_lines(conf: dict[str, Any]) -> list[str]:
         return []
     source = conf["verdict"].get("source", "replay")
     return [
-        f"Verdict source: {source}. \"AL kept\" means non-inferiority: the lower 95% CI bound of the AL "
+        f'Verdict source: {source}. "AL kept" means non-inferiority: the lower 95% CI bound of the AL '
         f"difference vs the reference is >= -{margin['al']:.3f} AL (margin {100 * margin['fraction']:g}% of "
         f"the reference AL {margin['reference_al']:.3f}).",
         "",

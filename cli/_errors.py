@@ -93,4 +93,3 @@ class ReportingGroup(typer.core.TyperGroup):
         except user_error_types() as error:
             print_error(describe_error(error))
             raise typer.Exit(code=EXIT_RUNTIME) from None
-

@@ -48,7 +48,9 @@ DtypeOption = Annotated[
     Literal["float32", "bfloat16", "float16"] | None,
     typer.Option(help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). Recorded in the manifest."),
 ]
-BatchSizeOption = Annotated[int, typer.Option(min=1, help="Requests (closed mode: request x policy runs) decoded together.")]
+BatchSizeOption = Annotated[
+    int, typer.Option(min=1, help="Requests (closed mode: request x policy runs) decoded together.")
+]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
 DemoSize = Literal["tiny", "small", "full"]  # the keys of calibrate.demo.DEMO_SIZES (a test keeps them equal)
 
@@ -317,7 +319,8 @@ def collect(
     model: ModelOption = "smollm2-135m",
     temp: TempOption = 0.0,
     mode: Annotated[
-        Literal["probe", "closed"], typer.Option(help="probe (all arms, teacher-forced) or closed (real draft/verify loop).")
+        Literal["probe", "closed"],
+        typer.Option(help="probe (all arms, teacher-forced) or closed (real draft/verify loop)."),
     ] = "probe",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Trace directory.")] = Path("runs/traces"),
@@ -554,7 +557,9 @@ def calibrate(
     ] = 0.01,
     confirm: Annotated[
         Literal["replay", "closed"],
-        typer.Option(help="replay, or closed: rerun the controller and its baselines in the real loop (loads the model)."),
+        typer.Option(
+            help="replay, or closed: rerun the controller and its baselines in the real loop (loads the model)."
+        ),
     ] = "replay",
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
@@ -636,14 +641,19 @@ def calibrate(
     for comparison in shown["comparisons"]:
         reduction, difference = comparison["refresh_reduction"], comparison["al_difference"]
         table.add_row(
-            _text(comparison["name"]), _text(comparison["baseline"]),
-            "-" if not reduction else f"{100 * reduction['estimate']:.1f}% [{100 * (reduction['low'] or 0):.1f}, {100 * (reduction['high'] or 0):.1f}]",
+            _text(comparison["name"]),
+            _text(comparison["baseline"]),
+            "-"
+            if not reduction
+            else f"{100 * reduction['estimate']:.1f}% [{100 * (reduction['low'] or 0):.1f}, {100 * (reduction['high'] or 0):.1f}]",
             f"{difference['estimate']:+.3f} [{difference['low'] or 0:+.3f}, {difference['high'] or 0:+.3f}]",
         )
     console.print(_text(f"splits: {result.split_sizes}"))
     _print_table(table)
     console.print(_text(confirmation["verdict"]["text"]))
-    console.print(Text.assemble("controller: ", (str(controller_out), "bold"), "   report: ", (str(out / "report.md"), "bold")))
+    console.print(
+        Text.assemble("controller: ", (str(controller_out), "bold"), "   report: ", (str(out / "report.md"), "bold"))
+    )
 
 
 @app.command()
@@ -692,7 +702,9 @@ def demo(
     ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
-    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of every random choice (recorded in demo.json).")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, max=MAX_SEED, help="Seed of every random choice (recorded in demo.json).")
+    ] = 0,
 ) -> None:
     """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
     _check_model(model)
@@ -708,12 +720,14 @@ def demo(
         console.print(Text.assemble(f"controller ({label}): ", (str(path), "bold")))
 
 
+from rift_ada.cli import bench as _bench_cli  # noqa: E402
 from rift_ada.cli import conformance as _conformance_cli  # noqa: E402
 from rift_ada.cli import ray_launch as _ray_launch_cli  # noqa: E402
 from rift_ada.cli import status as _status_cli  # noqa: E402
 from rift_ada.cli import train as _train_cli  # noqa: E402  (registers train, train-eval)
 
 _status_cli.register(app)
+_bench_cli.register(app)
 _ray_launch_cli.register(app)
 _conformance_cli.register(app)
 _train_cli.register(app)

@@ -32,9 +32,7 @@ def ray_launch(
 
 def register(app: typer.Typer) -> None:
     """Add the `ray-launch` command to the CLI."""
-    app.command("ray-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-        ray_launch
-    )
+    app.command("ray-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(ray_launch)
 
 
 __all__ = ["register"]

@@ -25,14 +25,19 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 def train(
-    model: Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")] = "smollm2-135m",
-    out: Annotated[Path, typer.Option(help="Run directory (checkpoint, log, train.json, model/).")] = Path("runs/train"),
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")
+    ] = "smollm2-135m",
+    out: Annotated[Path, typer.Option(help="Run directory (checkpoint, log, train.json, model/).")] = Path(
+        "runs/train"
+    ),
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
     n_requests: Annotated[int | None, typer.Option(help="Embedded dataset: prompts to build.")] = None,
     isl_buckets: Annotated[str | None, typer.Option(help="Embedded dataset: ISL buckets, e.g. 512,1024.")] = None,
     eval_fraction: Annotated[float, typer.Option(help="Share of requests held out for train-eval.")] = 0.25,
     targets_file: Annotated[
-        Path | None, typer.Option("--targets", help="Rollouts Parquet (`rift-ada targets [--import]`); generated if absent.")
+        Path | None,
+        typer.Option("--targets", help="Rollouts Parquet (`rift-ada targets [--import]`); generated if absent."),
     ] = None,
     rollout_temp: Annotated[float, typer.Option(help="Temperature of generated target rollouts.")] = 1.0,
     rollout_tokens: Annotated[int, typer.Option(help="Cap on rollout tokens per request.")] = 256,
@@ -124,7 +129,9 @@ def train_eval(
         "runs/train-eval"
     ),
     label: Annotated[list[str] | None, typer.Option(help="A label per --run (default: directory names).")] = None,
-    reference: Annotated[str | None, typer.Option(help="Also compare every run with this label (e.g. no-mask).")] = None,
+    reference: Annotated[
+        str | None, typer.Option(help="Also compare every run with this label (e.g. no-mask).")
+    ] = None,
     budgets: Annotated[str, typer.Option(help="Draft KV budgets, comma separated.")] = "128,256,512",
     dyn_interval: Annotated[int, typer.Option(help="RIFT-dyn refresh interval Δ (tokens).")] = 64,
     temp: Annotated[float, typer.Option("--temp", "-t", help="Temperature (0: teacher-forced greedy).")] = 0.0,

@@ -58,16 +58,27 @@ def load_requests(
     if max_isl is not None:
         requests = [request for request in requests if request.isl <= max_isl]
     if limit is not None:
-        requests = _spread(requests, limit)
+        requests = spread_requests(requests, limit)
     return requests
 
 
-def _spread(requests: Sequence[Request], limit: int) -> list[Request]:
-    """``limit`` requests taken evenly across the (category-ordered) dataset, keeping tiers mixed."""
+def spread_requests(requests: Sequence[Request], limit: int) -> list[Request]:
+    """``limit`` requests taken round-robin over the categories (dataset order within each), so tiers stay mixed."""
     if limit >= len(requests):
         return list(requests)
-    step = len(requests) / limit
-    return [requests[int(index * step)] for index in range(limit)]
+    by_category: dict[str, list[Request]] = {}
+    for request in requests:
+        by_category.setdefault(request.category, []).append(request)
+    queues = list(by_category.values())
+    picked: list[Request] = []
+    depth = 0
+    while len(picked) < limit:
+        for queue in queues:
+            if depth < len(queue) and len(picked) < limit:
+                picked.append(queue[depth])
+        depth += 1
+    order = {id(request): index for index, request in enumerate(requests)}
+    return sorted(picked, key=lambda request: order[id(request)])
 
 
 def ensure_targets(

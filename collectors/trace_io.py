@@ -384,9 +384,7 @@ def _read_part_table(part: _Part, kind: str, mode: str, verify: bool) -> pa.Tabl
         path = part.path(kind)
         data = path.read_bytes() if path.is_file() else None
     if data is None:
-        raise TraceError(
-            f"{path}: part file listed in {part.commit_path.name} is missing; {part.remedy()}"
-        )
+        raise TraceError(f"{path}: part file listed in {part.commit_path.name} is missing; {part.remedy()}")
     if verify and info.get("sha256") and hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise TraceError(
             f"{path}: corrupt part file (truncated or modified: its sha256 differs from "

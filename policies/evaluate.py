@@ -51,9 +51,7 @@ def evaluate_policies(
     results = replay_many(traces, [policy for _, policy, _ in resolved], position_bin=position_bin)
     full_al = None
     if "full" in traces.arms:
-        full_al = next(
-            (r.mean_al for (_, p, _), r in zip(resolved, results, strict=True) if p == "full"), None
-        )
+        full_al = next((r.mean_al for (_, p, _), r in zip(resolved, results, strict=True) if p == "full"), None)
         if full_al is None:
             full_al = replay_many(traces, ["full"], position_bin=position_bin)[0].mean_al
     rows = []

@@ -55,11 +55,7 @@ def render_policy(policy: Mapping[str, Any], parent: Tree | None = None) -> Tree
 
 def render_controller(controller: Mapping[str, Any] | Controller) -> Tree:
     """Tree view: identity, cache, schedule, signals, the policy's rule tree, calibration summary."""
-    data = (
-        controller.to_dict()
-        if isinstance(controller, Controller)
-        else Controller.from_dict(controller).to_dict()
-    )
+    data = controller.to_dict() if isinstance(controller, Controller) else Controller.from_dict(controller).to_dict()
     root = Tree(
         Text.assemble(
             ("controller ", "bold"),
@@ -76,18 +72,11 @@ def render_controller(controller: Mapping[str, Any] | Controller) -> Tree:
         f"else if the policy fires and age >= {schedule['min_age']}"
     )
     acceptance = data["signals"]["acceptance"]
-    root.add(
-        f"signals: acceptance = EWMA(α={_number(acceptance['ewma_alpha'])}) "
-        f"over {acceptance['rounds']} rounds"
-    )
+    root.add(f"signals: acceptance = EWMA(α={_number(acceptance['ewma_alpha'])}) over {acceptance['rounds']} rounds")
     render_policy(data["policy"], root)
     if "calibration" in data:
         calibration = root.add("calibration")
         for key, value in data["calibration"].items():
-            shown = (
-                value
-                if isinstance(value, (str, int, float, bool)) or value is None
-                else f"{type(value).__name__}"
-            )
+            shown = value if isinstance(value, (str, int, float, bool)) or value is None else f"{type(value).__name__}"
             calibration.add(f"{key}: {shown}")
     return root

@@ -407,9 +407,7 @@ class _LaneParams:
 
     def keep(self, mask: np.ndarray) -> None:
         """Drop the lanes where ``mask`` is False (in place, for the closures)."""
-        self.values[:] = [
-            v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for v in self.values
-        ]
+        self.values[:] = [v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for v in self.values]
 
 
 class _Evaluator:
@@ -490,8 +488,7 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
             xs = [[x for x, _ in t["knots"]] for t in per_policy]
             ys = [[y for _, y in t["knots"]] for t in per_policy]
             slopes = [
-                [(y[i + 1] - y[i]) / (x[i + 1] - x[i]) for i in range(len(x) - 1)]
-                for x, y in zip(xs, ys, strict=True)
+                [(y[i + 1] - y[i]) / (x[i + 1] - x[i]) for i in range(len(x) - 1)] for x, y in zip(xs, ys, strict=True)
             ]
             knots = (params.add(xs), params.add(ys), params.add(slopes))
         terms.append((template["signal"], mean, factor, weight, knots, template["signal"] in nan_signals))
@@ -520,9 +517,7 @@ def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _E
     return _Evaluator(params, lambda signals, age, sl: np.greater_equal(age[sl], values[interval]))
 
 
-def _group_evaluators(
-    policies: list[dict[str, Any]], n_requests: int, nan_signals: set[str]
-) -> list[list[Any]]:
+def _group_evaluators(policies: list[dict[str, Any]], n_requests: int, nan_signals: set[str]) -> list[list[Any]]:
     """[evaluator, first lane, end lane] per run of policies sharing a skeleton (pre-sorted by skeleton)."""
     groups: list[tuple[tuple, int, int]] = []
     for index, policy in enumerate(policies):
@@ -824,9 +819,7 @@ def decision_points(
     ids = np.concatenate(parts["ids"]) if parts["ids"] else np.zeros(0, np.int64)
     slot = ids % (tables.replicas * n_req)
     return DecisionPoints(
-        signals={
-            name: np.concatenate(chunks) if chunks else np.zeros(0) for name, chunks in signal_parts.items()
-        },
+        signals={name: np.concatenate(chunks) if chunks else np.zeros(0) for name, chunks in signal_parts.items()},
         request=slot % n_req,
         position=np.concatenate(parts["position"]) if parts["position"] else np.zeros(0, np.int64),
         age=np.concatenate(parts["age"]) if parts["age"] else np.zeros(0, np.int64),

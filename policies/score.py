@@ -235,9 +235,7 @@ class ScorePolicy(Policy):
         residual = float(np.sum((centred - predicted) ** 2))
         total = float(np.sum(centred**2))
         scores = self.score_values({t.signal: samples.signals[t.signal][index] for t in kept})
-        self.threshold = (
-            float(threshold) if threshold is not None else float(np.quantile(scores, threshold_quantile))
-        )
+        self.threshold = float(threshold) if threshold is not None else float(np.quantile(scores, threshold_quantile))
         self.fit_info_ = {
             "n_samples": int(len(index)),
             "r2": 1.0 - residual / total if total > 0 else 0.0,

@@ -178,4 +178,3 @@ class BatchSessions:
             if session.decide(n_committed[i] - offsets[request_id]):
                 refresh.append(request_id)
         return refresh
-

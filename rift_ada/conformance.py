@@ -430,4 +430,3 @@ def run_vectors(path: str | Path) -> str:
     """Output text of the reference port (`rift_ada.Controller`) on a vectors file."""
     controller, _, rows = load_vectors(path)
     return output_text(run_cases(controller, rows))
-

@@ -122,8 +122,13 @@ def resolve_preset(name_or_path: str) -> Preset:
         except (ValueError, KeyError, TypeError) as error:
             raise ModelError(f"{trained}: not a valid trained-draft file (needs a 'target' field): {error}") from error
         return Preset(
-            name_or_path, name_or_path, target, int(meta.get("budget", 8192)), float(meta.get("temperature", 0.0)),
-            str(meta.get("architecture", "from config")), f"trained draft of {meta.get('base_draft')}",
+            name_or_path,
+            name_or_path,
+            target,
+            int(meta.get("budget", 8192)),
+            float(meta.get("temperature", 0.0)),
+            str(meta.get("architecture", "from config")),
+            f"trained draft of {meta.get('base_draft')}",
         )
     looks_like_model = "/" in name_or_path or Path(name_or_path).exists()
     if not looks_like_model:
@@ -229,9 +234,7 @@ def load_model(
     placement: dict[str, Any] = {} if device_map is None else {"device_map": device_map}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_id, dtype=torch_dtype, local_files_only=offline, **placement
-        )
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch_dtype, local_files_only=offline, **placement)
     except OSError as error:
         raise _not_found(model_id, error) from error
     if device_map is None:

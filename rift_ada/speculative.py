@@ -320,8 +320,10 @@ def _round(
 
     # Verify: every row feeds pending + max(steps) tokens (short rows padded; the target is rolled back).
     width = max(steps)
-    feeds = [[row.pending, *tokens, *[tokens[-1] if tokens else row.pending] * (width - len(tokens))]
-             for row, tokens in zip(active, drafted, strict=True)]
+    feeds = [
+        [row.pending, *tokens, *[tokens[-1] if tokens else row.pending] * (width - len(tokens))]
+        for row, tokens in zip(active, drafted, strict=True)
+    ]
     target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
     target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
     kept_feeds: list[list[int]] = []

@@ -324,8 +324,11 @@ def test_al_kept_means_non_inferior_within_the_margin() -> None:
 
     def comparisons(al_low: float) -> list[dict]:
         return [
-            {"baseline": "periodic:128", "refresh_reduction": _interval(0.4, 0.3, 0.5),
-             "al_difference": _interval(0.0, al_low, 0.05)},
+            {
+                "baseline": "periodic:128",
+                "refresh_reduction": _interval(0.4, 0.3, 0.5),
+                "al_difference": _interval(0.0, al_low, 0.05),
+            },
             {"baseline": "periodic:300", "refresh_reduction": None, "al_difference": _interval(0.2, 0.1, 0.3)},
         ]
 

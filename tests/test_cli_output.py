@@ -94,6 +94,13 @@ def test_demo_sizes_match_the_library():
     assert set(typing.get_args(DemoSize)) == set(DEMO_SIZES)
 
 
+def test_bench_sizes_match_the_library():
+    from rift_ada.calibrate.bench import BENCH_SIZES
+    from rift_ada.cli.bench import BenchSizeName
+
+    assert set(typing.get_args(BenchSizeName)) == set(BENCH_SIZES)
+
+
 def test_docs_cli_md_is_generated_from_the_app():
     from pathlib import Path
 

@@ -14,9 +14,7 @@ from rift_ada.controller import SIGNAL_NAMES, knot_transform, make_controller_di
 
 
 def controller(policy: dict, **schedule_and_signals: object) -> Controller:
-    schedule = {
-        k: v for k, v in schedule_and_signals.items() if k in ("decision_stride", "min_age", "max_age")
-    }
+    schedule = {k: v for k, v in schedule_and_signals.items() if k in ("decision_stride", "min_age", "max_age")}
     acceptance = {k: v for k, v in schedule_and_signals.items() if k in ("ewma_alpha", "rounds")}
     data = make_controller_dict(
         policy,
@@ -197,14 +195,8 @@ def test_missing_signals_do_not_fire_rules_and_contribute_zero_to_scores() -> No
     assert session.decide(8) is False
     assert session.last_signals == {name: None for name in SIGNAL_NAMES}
     term = {"signal": "query_drift", "orientation": 1, "mean": 0.0, "scale": 1.0, "weight": 1.0}
-    assert (
-        controller({"kind": "score", "terms": [term], "threshold": 0.1}, min_age=0).new_session().decide(8)
-        is False
-    )
-    assert (
-        controller({"kind": "score", "terms": [term], "threshold": 0.0}, min_age=0).new_session().decide(8)
-        is True
-    )
+    assert controller({"kind": "score", "terms": [term], "threshold": 0.1}, min_age=0).new_session().decide(8) is False
+    assert controller({"kind": "score", "terms": [term], "threshold": 0.0}, min_age=0).new_session().decide(8) is True
 
 
 def test_score_policy_hand_computed() -> None:

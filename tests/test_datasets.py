@@ -84,9 +84,7 @@ def test_embedded_code_outline_follows_source_order():
         names = [name.strip().split(".")[-1] for name in outline.split(",")]
         position = 0
         for name in names:  # each definition is found after the previous one
-            match = re.compile(rf"^\s*(?:async def|def|class) {re.escape(name)}\b", re.M).search(
-                code, position
-            )
+            match = re.compile(rf"^\s*(?:async def|def|class) {re.escape(name)}\b", re.M).search(code, position)
             assert match is not None, (request.request_id, name)
             position = match.end()
 
@@ -190,9 +188,7 @@ def test_loader_errors_name_file_line_and_field(tmp_path: Path):
     with pytest.raises(DatasetError, match=r"bad\.jsonl:2: malformed JSON"):
         load_jsonl_prompts(malformed)
     missing = tmp_path / "speed.jsonl"
-    missing.write_text(
-        '{"question_id": 1, "category": "qa", "turns": ["a"]}\n{"question_id": 2, "category": "qa"}\n'
-    )
+    missing.write_text('{"question_id": 1, "category": "qa", "turns": ["a"]}\n{"question_id": 2, "category": "qa"}\n')
     with pytest.raises(DatasetError, match=r"speed\.jsonl:2: missing required field 'turns'"):
         load_speed_bench(missing)
     no_prompt = tmp_path / "noprompt.jsonl"

@@ -112,9 +112,7 @@ def test_family_round_trip_through_replay(tmp_path: Path) -> None:
         )
         for other in (from_file, from_json):
             assert other.al.tolist() == from_dict.al.tolist()
-            assert [p.tolist() for p in other.refresh_positions] == [
-                p.tolist() for p in from_dict.refresh_positions
-            ]
+            assert [p.tolist() for p in other.refresh_positions] == [p.tolist() for p in from_dict.refresh_positions]
 
 
 def test_params_and_validation() -> None:
@@ -162,9 +160,7 @@ def test_score_values_match_the_controller() -> None:
         session = controller.new_session()
         session.record_round(accepted_len, [entropy])
         fired = session.decide(8)
-        value = score.score_values(
-            {"entropy": [entropy], "acceptance": [accepted_len], "acceptance_drop": [0.0]}
-        )[0]
+        value = score.score_values({"entropy": [entropy], "acceptance": [accepted_len], "acceptance_drop": [0.0]})[0]
         assert fired == (value >= score.threshold)
 
 
@@ -242,9 +238,7 @@ def test_fidelity() -> None:
     assert same["per_request_al_mae"] == pytest.approx(0.0)
     rows = [
         {"request_id": rid, "committed": int(c), "rounds": int(r) + 10, "refreshes": int(f) + 1}
-        for rid, c, r, f in zip(
-            result.request_ids[:4], result.committed, result.rounds, result.refreshes, strict=False
-        )
+        for rid, c, r, f in zip(result.request_ids[:4], result.committed, result.rounds, result.refreshes, strict=False)
     ]
     rows.append({"request_id": "elsewhere", "committed": 10, "rounds": 5, "refreshes": 0})
     gap = fidelity(result, rows)

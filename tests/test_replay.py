@@ -27,9 +27,7 @@ SQRT2 = 0.41421356237309515
 
 def arm_for_round(traces: ProbeTraces, age: int, request: int, n: int) -> int:
     """The arm a round reads: between neighbouring probed ages, the older one when the dither < w."""
-    grid = sorted(
-        (arm_age(name), index) for index, name in enumerate(traces.arms) if arm_age(name) is not None
-    )
+    grid = sorted((arm_age(name), index) for index, name in enumerate(traces.arms) if arm_age(name) is not None)
     if age < grid[0][0]:
         return grid[0][1]
     if age >= grid[-1][0]:

@@ -323,15 +323,9 @@ def test_targets_round_trip_and_errors(tmp_path: Path):
     rows = []
     for request in _requests():
         prompt = encode_prompt(tokenizer, request.prompt_messages)
-        rows.append(
-            target_row(
-                request, prompt, [5, 6, 7], "five six seven", target_model="m", temperature=0.0, seed=1
-            )
-        )
+        rows.append(target_row(request, prompt, [5, 6, 7], "five six seven", target_model="m", temperature=0.0, seed=1))
     rows[1].pop("seed")
-    path = write_targets(
-        tmp_path / "targets.parquet", rows, {"target_model": "m", "seed": 42, "max_new_tokens": 3}
-    )
+    path = write_targets(tmp_path / "targets.parquet", rows, {"target_model": "m", "seed": 42, "max_new_tokens": 3})
     back = read_targets(path)
     assert [row["request_id"] for row in back] == ["r0", "r1", "r2"]
     assert back[0]["prompt_token_ids"] == [8, 6, 1] and back[0]["isl"] == 3
@@ -341,9 +335,7 @@ def test_targets_round_trip_and_errors(tmp_path: Path):
     with pytest.raises(TargetsError, match="not found"):
         read_targets(tmp_path / "absent.parquet")
     pq.write_table(pq.read_table(path).drop_columns(["response_text"]), tmp_path / "bad.parquet")
-    with pytest.raises(
-        TargetsError, match=r"bad\.parquet: targets file lacks column\(s\) \['response_text'\]"
-    ):
+    with pytest.raises(TargetsError, match=r"bad\.parquet: targets file lacks column\(s\) \['response_text'\]"):
         read_targets(tmp_path / "bad.parquet")
     with pytest.raises(TargetsError, match="missing required field 'response_token_ids'"):
         write_targets(tmp_path / "x.parquet", [{**rows[0], "response_token_ids": None}], {})

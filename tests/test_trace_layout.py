@@ -189,9 +189,9 @@ def test_partial_collection_is_refused_unless_allowed(tmp_path: Path):
         check_complete(out)
     assert str(missing[:1])[1:-1] in str(error.value) and "--allow-partial" in str(error.value)
     status = check_complete(out, allow_partial=True)
-    assert status["partial"] and status["missing_request_ids"] == sorted(set(manifest["request_ids"]) - set(
-        traces.requests["request_id"][:6].tolist()
-    ))
+    assert status["partial"] and status["missing_request_ids"] == sorted(
+        set(manifest["request_ids"]) - set(traces.requests["request_id"][:6].tolist())
+    )
     write_probe_traces(out, traces, manifest)
     assert check_complete(out)["partial"] is False
 

@@ -64,8 +64,16 @@ def test_lora_trained_draft_saves_loads_back_and_drives_collect(trained_run, tin
 
 def test_interrupted_training_resumes_to_the_uninterrupted_result(trained_run, tiny_model_dir, tmp_path):
     config = TrainConfig(
-        model=str(tiny_model_dir), n_requests=6, isl_buckets=(256,), rollout_temperature=0.0,
-        rollout_max_new_tokens=12, max_length=400, steps=3, batch_size=1, lora_rank=2, learning_rate=1e-2,
+        model=str(tiny_model_dir),
+        n_requests=6,
+        isl_buckets=(256,),
+        rollout_temperature=0.0,
+        rollout_max_new_tokens=12,
+        max_length=400,
+        steps=3,
+        batch_size=1,
+        lora_rank=2,
+        learning_rate=1e-2,
         checkpoint_every=1,
     )
     targets = trained_run / "rollouts.parquet"

@@ -31,7 +31,11 @@ def _greedy_next(model: torch.nn.Module, tokens: list[int]) -> list[int]:
 def proposer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RiftDraftProposer:
     policy = {"kind": "gate", "any": [{"signal": "acceptance", "op": "<=", "value": 4.0}]}
     data = make_controller_dict(
-        policy, name="t", draft="d", target="t", temperature=0.0,
+        policy,
+        name="t",
+        draft="d",
+        target="t",
+        temperature=0.0,
         schedule={"decision_stride": 4, "min_age": 8, "max_age": 32},
     )
     path = tmp_path / "controller.json"

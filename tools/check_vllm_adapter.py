@@ -95,16 +95,36 @@ def main() -> int:
 
         controller = args.out / "check-controller.json"
         data = make_controller_dict(
-            CHECK_POLICY, name="vllm-check", draft=args.model, target=args.model, temperature=0.0,
+            CHECK_POLICY,
+            name="vllm-check",
+            draft=args.model,
+            target=args.model,
+            temperature=0.0,
             cache={"budget": args.budget, "block_size": None},
             schedule={"decision_stride": 8, "min_age": 16, "max_age": 256},
         )
         controller.write_text(json.dumps(data, indent=2))
     log.unlink(missing_ok=True)
-    env = dict(os.environ, RIFT_ADA_CONTROLLER=str(controller), RIFT_ADA_BUDGET=str(args.budget),
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    base = [sys.executable, __file__, "--model", args.model, "--out", str(args.out), "--budget", str(args.budget),
-            "--draft-length", str(args.draft_length), "--max-tokens", str(args.max_tokens)]
+    env = dict(
+        os.environ,
+        RIFT_ADA_CONTROLLER=str(controller),
+        RIFT_ADA_BUDGET=str(args.budget),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+    base = [
+        sys.executable,
+        __file__,
+        "--model",
+        args.model,
+        "--out",
+        str(args.out),
+        "--budget",
+        str(args.budget),
+        "--draft-length",
+        str(args.draft_length),
+        "--max-tokens",
+        str(args.max_tokens),
+    ]
     for mode in ("plain", "spec"):
         subprocess.run([*base, "--run", mode], env=env, check=True)
     plain = json.loads((args.out / "plain.json").read_text())
@@ -118,8 +138,14 @@ def main() -> int:
         "draft_length": args.draft_length,
         "outputs_equal": plain == spec,
         "first_difference": next(
-            ([i, j] for i, (a, b) in enumerate(zip(plain, spec, strict=True))
-             for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None),
+            (
+                [i, j]
+                for i, (a, b) in enumerate(zip(plain, spec, strict=True))
+                for j, (x, y) in enumerate(zip(a, b, strict=False))
+                if x != y
+            ),
+            None,
+        ),
         "rounds": len(rounds),
         "mean_al": (accepted + len(rounds)) / max(1, len(rounds)),
         "refreshes": refreshes,

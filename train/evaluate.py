@@ -150,7 +150,11 @@ def evaluate_runs(
         if request.request_id in held_out
     ]
     rows = ensure_targets(
-        pair, requests, out_dir / "eval-targets.parquet", temperature=settings.temperature, seed=settings.seed,
+        pair,
+        requests,
+        out_dir / "eval-targets.parquet",
+        temperature=settings.temperature,
+        seed=settings.seed,
         max_new_tokens=settings.max_new_tokens,
     )
     names = (pair.preset.draft, pair.preset.target_name)
@@ -162,8 +166,15 @@ def evaluate_runs(
     for label, run in zip(labels, run_dirs, strict=True):
         model, _ = load_model(str(Path(run) / "model"), device=device, dtype=dtype)
         per_draft[label] = _run_draft(
-            model, target, requests, rows, out_dir / label, settings, (str(Path(run) / "model"), names[1]),
-            first.dataset, on_request,
+            model,
+            target,
+            requests,
+            rows,
+            out_dir / label,
+            settings,
+            (str(Path(run) / "model"), names[1]),
+            first.dataset,
+            on_request,
         )
         del model
     result = summarize(per_draft, settings, labels, reference)
@@ -193,7 +204,11 @@ def summarize(
             ctl = np.array([per_draft[label][key][rid] for rid in ids])
             ref = np.array([per_draft[base][key][rid] for rid in ids])
             interval = _paired_interval(
-                _relative_gain, ctl, ref, n_resamples=settings.n_resamples, confidence=settings.confidence,
+                _relative_gain,
+                ctl,
+                ref,
+                n_resamples=settings.n_resamples,
+                confidence=settings.confidence,
                 seed=settings.seed,
             )
             row["gain"][f"{label} vs {base}"] = interval.to_dict()

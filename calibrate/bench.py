@@ -1,0 +1,590 @@
+"""`rift-ada bench`: the benchmark that confirms or refutes the paper's headline on one model.
+
+Per temperature: target responses (once, shared by every budget). Per (temperature, budget) cell:
+probe traces -> calibration (Optuna over replay, splits calibration / selection / confirmation)
+-> the closed loop on the confirmation split: the calibrated controller, the periodic reference,
+periodic refresh at the controller's own rate (the CI'd comparisons, :mod:`rift_ada.calibrate.confirm`)
+and every Table 1 method -> replay fidelity, staleness curve, the hindsight oracle's frontier and
+the share of its refresh saving the controller captures. ``bench.json`` holds every figure;
+``report.md`` is rendered from it alone (:mod:`rift_ada.calibrate.bench_report`).
+
+Resumable: targets, probe and closed-loop runs continue from their committed parts; a finished
+cell is kept in ``<cell>/cell.json`` and read back; an unfinished calibration starts over (it is
+seeded, so it gives what an uninterrupted run gives). Re-running after an interruption therefore
+writes the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rift_ada.calibrate.bench_report import write_bench_report
+from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
+from rift_ada.calibrate.evaluation import evaluate_run
+from rift_ada.calibrate.export import atomic_write_json, json_safe
+from rift_ada.calibrate.pipeline import calibrate
+from rift_ada.calibrate.splits import CalibrationError
+
+Progress = Callable[[str, int, int | None], None]
+
+BENCH_FORMAT = "rift-ada.bench"
+BENCH_VERSION = 1
+ORACLE_MIN_AGE = 32  # the controller schedule's default min_age
+SNAPKV_OBS_WINDOW = 64  # CollectSettings.obs_window: the Table 1 SnapKV baseline needs budget > this
+
+# Table 1 methods besides RIFT-dyn (periodic at each of ``table_intervals``) and RIFT-ada.
+TABLE_BASELINES: tuple[tuple[str, str], ...] = (
+    ("SWA", "swa"),
+    ("StreamingLLM", "streamingllm"),
+    ("H2O", "h2o"),
+    ("SnapKV", "snapkv"),
+    ("RIFT-stat", "stat"),
+    ("Full KV", "full"),
+)
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """How big a benchmark run is. ``full`` is issue 11's size; ``tiny`` runs in the test suite."""
+
+    n_requests: int
+    output_tokens: int
+    budgets: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    trials: int
+    reference_interval: int = 64
+    table_intervals: tuple[int, ...] = (16, 64, 128)
+    arm_ages: tuple[int, ...] = (0, 32, 64, 128, 256, 512, 768)
+    max_age: int = 768
+    min_isl: int = 900
+    max_isl: int = 2048
+    split: tuple[float, float, float] = (0.34, 0.33, 0.33)
+    table_requests: int | None = None  # confirmation requests that run every Table 1 method (None: all)
+    batch_size: int = 8
+
+    def check(self) -> None:
+        """Refuse an inconsistent size before any model loads (errors name the field)."""
+        problems = []
+        if self.n_requests < 6:
+            problems.append(f"n_requests: need >= 6 (three splits of >= 2), got {self.n_requests}")
+        if self.output_tokens < 16:
+            problems.append(f"output_tokens: need >= 16, got {self.output_tokens}")
+        if not self.budgets or min(self.budgets) <= SNAPKV_OBS_WINDOW:
+            problems.append(
+                f"budgets: need budgets > the SnapKV observation window ({SNAPKV_OBS_WINDOW}), got {list(self.budgets)}"
+            )
+        if len(set(self.budgets)) != len(self.budgets):
+            problems.append(f"budgets: duplicates in {list(self.budgets)}")
+        if not self.temperatures or min(self.temperatures) < 0:
+            problems.append(f"temperatures: need at least one temperature >= 0, got {list(self.temperatures)}")
+        if self.trials < 0:
+            problems.append(f"trials: must be >= 0, got {self.trials}")
+        oldest = max(self.arm_ages, default=0)
+        for name, age in [("max_age", self.max_age), ("reference_interval", self.reference_interval)] + [
+            (f"table_intervals[{i}]", interval) for i, interval in enumerate(self.table_intervals)
+        ]:
+            if min(age, self.output_tokens - 1) > oldest:
+                problems.append(f"{name}: {age} is beyond the oldest probe arm ({oldest}); add an arm or lower it")
+        if any(age % 8 for age in self.arm_ages):
+            problems.append(f"arm_ages: must be multiples of the decision stride 8, got {list(self.arm_ages)}")
+        if self.table_requests is not None and self.table_requests < 1:
+            problems.append(f"table_requests: must be >= 1 or None, got {self.table_requests}")
+        if self.batch_size < 1:
+            problems.append(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.min_isl > self.max_isl:
+            problems.append(f"min_isl ({self.min_isl}) > max_isl ({self.max_isl})")
+        if problems:
+            raise CalibrationError("bench size: " + "; ".join(problems))
+
+
+BENCH_SIZES: dict[str, BenchSize] = {
+    "tiny": BenchSize(
+        n_requests=6,
+        output_tokens=40,
+        budgets=(96, 160),
+        temperatures=(0.0, 1.0),
+        trials=8,
+        reference_interval=16,
+        table_intervals=(16,),
+        arm_ages=(0, 16, 32, 48),
+        max_age=48,
+        min_isl=0,
+        max_isl=1100,
+        table_requests=1,
+        batch_size=16,
+    ),
+    "full": BenchSize(n_requests=36, output_tokens=768, budgets=(128, 256, 512), temperatures=(0.0, 1.0), trials=300),
+}
+
+
+def bench_size(name: str, **overrides: Any) -> BenchSize:
+    """A named size with some fields replaced (``None`` values are ignored), checked."""
+    if name not in BENCH_SIZES:
+        raise CalibrationError(f"size: unknown bench size {name!r} (one of {sorted(BENCH_SIZES)})")
+    size = replace(BENCH_SIZES[name], **{key: value for key, value in overrides.items() if value is not None})
+    size.check()
+    return size
+
+
+@dataclass
+class _Stages:
+    """Progress of a bench: every stage line goes to ``progress`` (and so to the log)."""
+
+    progress: Progress
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def counter(self, stage: str, total: int) -> Callable[[str, int], None]:
+        done = [0]
+        self.progress(stage, 0, total)
+
+        def step(request_id: str, n_tokens: int) -> None:
+            done[0] += 1
+            self.progress(stage, done[0], total)
+
+        return step
+
+    def timed(self, stage: str, seconds: float) -> None:
+        self.timings[stage] = round(self.timings.get(stage, 0.0) + seconds, 1)
+
+
+def select_requests(requests: Sequence[Any], size: BenchSize) -> list[Any]:
+    """``size.n_requests`` requests with ISL in [min_isl, max_isl], spread over the dataset's categories."""
+    from rift_ada.collectors.pipeline import spread_requests
+
+    eligible = [request for request in requests if size.min_isl <= request.isl <= size.max_isl]
+    if len(eligible) < size.n_requests:
+        raise CalibrationError(
+            f"n_requests: the dataset has {len(eligible)} requests with ISL in [{size.min_isl}, {size.max_isl}], "
+            f"{size.n_requests} wanted"
+        )
+    return spread_requests(eligible, size.n_requests)
+
+
+def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: int, model: str, dataset: str) -> dict:
+    return {
+        "size": asdict(size),
+        "temperature": temperature,
+        "budget": budget,
+        "seed": seed,
+        "model": model,
+        "dataset": dataset,
+    }
+
+
+def _table_specs(size: BenchSize) -> list[str]:
+    specs = [spec for _, spec in TABLE_BASELINES]
+    return specs + [f"periodic:{interval}" for interval in size.table_intervals]
+
+
+def _closed_rows(
+    totals: dict[str, dict[str, np.ndarray]], request_ids: Sequence[str], full_label: str = "full"
+) -> dict[str, dict[str, Any]]:
+    """Per policy: macro AL, % of full KV and refreshes / 1K over ``request_ids`` (the same set for all)."""
+    rows: dict[str, dict[str, Any]] = {}
+    wanted = sorted(request_ids)
+    for label, data in totals.items():
+        index = {str(rid): i for i, rid in enumerate(data["request_id"])}
+        if any(rid not in index for rid in wanted):
+            continue
+        picked = [index[rid] for rid in wanted]
+        committed = float(np.sum(data["committed"][picked]))
+        rows[label] = {
+            "mean_al": float(np.mean(data["al"][picked])),
+            "refreshes_per_1k": 1000.0 * float(np.sum(data["refreshes"][picked])) / committed if committed else None,
+            "n_requests": len(picked),
+            "per_request_al": [float(x) for x in data["al"][picked]],
+        }
+    full = rows.get(full_label)
+    for row in rows.values():
+        row["pct_of_full"] = row["mean_al"] / full["mean_al"] if full and full["mean_al"] else None
+    return rows
+
+
+def _staleness(by_position: dict[str, Any], replay_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How much the workload went stale: closed-loop stat vs full AL early and late in the output."""
+    curves = by_position["curves"]
+
+    def quarter_means(values: list[float | None]) -> tuple[float | None, float | None]:
+        known = [v for v in values if v is not None]
+        if len(known) < 4:
+            return None, None
+        quarter = max(1, len(known) // 4)
+        return float(np.mean(known[:quarter])), float(np.mean(known[-quarter:]))
+
+    out: dict[str, Any] = {}
+    for label in ("stat", "full"):
+        if label in curves:
+            first, last = quarter_means(curves[label])
+            out[label] = {"first_quarter_al": first, "last_quarter_al": last}
+    stat, full = out.get("stat"), out.get("full")
+    if stat and full and None not in (stat["first_quarter_al"], stat["last_quarter_al"], full["last_quarter_al"]):
+        out["stat_share_of_full_first"] = stat["first_quarter_al"] / full["first_quarter_al"]
+        out["stat_share_of_full_last"] = stat["last_quarter_al"] / full["last_quarter_al"]
+    by_policy = {row["policy"]: row for row in replay_rows}
+    if {"stat", "full"} <= set(by_policy):
+        dyn = [row for label, row in by_policy.items() if label.startswith("periodic:")]
+        best = max(dyn, key=lambda row: row["mean_al"]) if dyn else None
+        gap = by_policy["full"]["mean_al"] - by_policy["stat"]["mean_al"]
+        if best is not None and gap > 0:
+            out["refresh_recovers"] = {
+                "policy": best["policy"],
+                "share_of_stat_to_full_gap": (best["mean_al"] - by_policy["stat"]["mean_al"]) / gap,
+            }
+    return out
+
+
+def _oracle(probe_dir: Path, request_ids: Sequence[str], size: BenchSize, replay_rows: list[dict], ctl: str) -> dict:
+    """The hindsight oracle's frontier on the confirmation requests and the controller's captured share (replay)."""
+    from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.policies.oracle import captured_share, oracle_frontier
+
+    traces = read_probe_traces(probe_dir)
+    ids = set(request_ids)
+    keep = np.array([i for i, rid in enumerate(traces.requests["request_id"]) if str(rid) in ids])
+    started = time.monotonic()
+    # The oracle may refresh as early as the reference does, so it bounds the reference and the controller.
+    min_age = min(ORACLE_MIN_AGE, size.reference_interval)
+    frontier = oracle_frontier(traces, min_age=min_age, max_age=size.max_age, requests=keep)
+    by_policy = {row["policy"]: row for row in replay_rows}
+    reference = by_policy.get(f"periodic:{size.reference_interval}")
+    controller = by_policy.get(ctl)
+    share = None
+    oracle_at_reference = None
+    if reference is not None and controller is not None:
+        oracle_at_reference = frontier.refreshes_for(reference["mean_al"])
+        share = captured_share(
+            frontier, reference["mean_al"], reference["refreshes_per_1k"], controller["refreshes_per_1k"]
+        )
+    return {
+        "frontier": frontier.to_dict(),
+        "reference": None
+        if reference is None
+        else {k: reference[k] for k in ("policy", "mean_al", "refreshes_per_1k")},
+        "controller": None
+        if controller is None
+        else {k: controller[k] for k in ("policy", "mean_al", "refreshes_per_1k")},
+        "oracle_refreshes_per_1k_at_reference_al": None
+        if oracle_at_reference is None or not np.isfinite(oracle_at_reference)
+        else float(oracle_at_reference),
+        "captured_share": None if share is None or not np.isfinite(share) else float(share),
+        "min_age": min_age,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _signal_summary(calibration: dict[str, Any], controller: dict[str, Any]) -> dict[str, Any]:
+    """Which signals the chosen controller uses, and how the score fit weighted them."""
+    policy = controller.get("policy", {})
+    used: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "signal" in node and node["signal"] not in used:
+                used.append(str(node["signal"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(policy)
+    return {
+        "kind": policy.get("kind"),
+        "signals_used": used,
+        "chosen": calibration["operating_point"].get("chosen", {}).get("label"),
+        "chosen_by": calibration["operating_point"].get("chosen_by"),
+        "score_terms": [
+            {k: term.get(k) for k in ("signal", "weight", "orientation")}
+            for term in policy.get("terms", [])
+            if isinstance(term, dict)
+        ],
+    }
+
+
+def _calibrated(
+    folder: Path, probe_dir: Path, traces: Any, *, name: str, pair: Any, size: BenchSize, temperature: float,
+    budget: int, seed: int, stages: _Stages, tag: str,
+) -> tuple[dict[str, Any], dict[str, Any], Path]:  # fmt: skip
+    """Calibrate into ``folder`` (from scratch: a half-done study would not resume to the same trials)."""
+    from rift_ada.collectors.trace_io import manifest_hash
+
+    if folder.exists():
+        shutil.rmtree(folder)
+
+    def calibration_progress(stage: str, done: int, total: int | None) -> None:
+        stages.progress(f"{tag} calibrate: {stage}", done, total)
+
+    started = time.monotonic()
+    result = calibrate(
+        traces,
+        folder,
+        name=name,
+        draft=pair.preset.draft,
+        target=pair.preset.target_name,
+        temperature=temperature,
+        trials=size.trials,
+        seed=seed,
+        split=size.split,
+        reference_interval=size.reference_interval,
+        manifest_hash=manifest_hash(probe_dir),
+        progress=calibration_progress,
+        log=None,
+        cache={"budget": budget},
+        schedule={"max_age": size.max_age},
+    )
+    stages.timed(f"{tag} calibrate", time.monotonic() - started)
+    return result.calibration, result.controller, result.controller_path
+
+
+def run_cell(
+    pair: Any,
+    requests: Sequence[Any],
+    targets: Sequence[dict[str, Any]],
+    folder: Path,
+    *,
+    size: BenchSize,
+    temperature: float,
+    budget: int,
+    seed: int,
+    dataset: str,
+    stages: _Stages,
+) -> dict[str, Any]:
+    """One (temperature, budget) cell: probe, calibrate, closed loop, fidelity, oracle; returns its summary."""
+    from rift_ada.calibrate.demo import _closed_by_position  # the demo's staleness curve, same definition
+    from rift_ada.collectors.collect import CollectSettings, closed_results
+    from rift_ada.collectors.pipeline import run_collection
+    from rift_ada.collectors.trace_io import read_probe_traces
+
+    tag = f"T{temperature:g} B{budget}"
+    fingerprint = _cell_fingerprint(size, temperature, budget, seed, pair.preset.name, dataset)
+    cell_file = folder / "cell.json"
+    if cell_file.exists():
+        done = json.loads(cell_file.read_text(encoding="utf-8"))
+        if done.get("fingerprint") == fingerprint:
+            stages.progress(f"{tag}: done earlier", 1, 1)
+            return done
+    settings = CollectSettings(
+        draft=pair.preset.draft,
+        target=pair.preset.target_name,
+        temperature=temperature,
+        seed=seed,
+        budget=budget,
+        arm_ages=size.arm_ages,
+        dataset=dataset,
+    )
+    started = time.monotonic()
+    run_collection(
+        pair,
+        requests,
+        targets,
+        folder / "probe",
+        settings,
+        mode="probe",
+        on_request=stages.counter(f"{tag} probe", len(requests)),
+        batch_size=size.batch_size,
+    )
+    stages.timed(f"{tag} probe", time.monotonic() - started)
+    traces = read_probe_traces(folder / "probe")
+    model_name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(pair.preset.name).name)  # a path model: its folder name
+    name = f"{model_name}-T{temperature:g}-B{budget}"
+    calibration, controller, controller_path = _calibrated(
+        folder / "calibration", folder / "probe", traces, name=name, pair=pair, size=size,
+        temperature=temperature, budget=budget, seed=seed, stages=stages, tag=tag,
+    )  # fmt: skip
+    confirmation_ids = sorted(str(rid) for rid in calibration["confirmation"]["request_ids"])
+    by_id = {request.request_id: request for request in requests}
+    held_out = [by_id[rid] for rid in confirmation_ids]
+    table_ids = confirmation_ids[: size.table_requests] if size.table_requests else confirmation_ids
+    table_extra = _table_specs(size)
+
+    started = time.monotonic()
+    confirmation = confirm_closed(
+        calibration,
+        controller,
+        draft_model=pair.draft,
+        target_model=pair.target,
+        requests=held_out,
+        targets=targets,
+        settings=settings,
+        out_dir=folder / "confirm",
+        extra_policies=table_extra if table_ids == confirmation_ids else (),
+        batch_size=size.batch_size,
+        on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
+    )
+    closed_dirs = [Path(confirmation.run_dir)]
+    if table_ids != confirmation_ids:
+        from rift_ada.collectors.collect import collect_closed
+
+        collect_closed(
+            pair.draft,
+            [by_id[rid] for rid in table_ids],
+            targets,
+            folder / "table",
+            settings,
+            table_extra,
+            target_model=pair.target,
+            on_request=stages.counter(f"{tag} closed loop: Table 1 methods", len(table_ids)),
+            free_running=temperature > 0,
+            batch_size=size.batch_size,
+        )
+        closed_dirs.append(folder / "table")
+    stages.timed(f"{tag} closed loop", time.monotonic() - started)
+    calibration = attach_closed_confirmation(folder / "calibration", confirmation)
+    totals: dict[str, dict[str, np.ndarray]] = {}
+    for closed_dir in closed_dirs:
+        for label, data in closed_results(closed_dir).items():
+            totals.setdefault(label, data)
+    table = _closed_rows(totals, table_ids)
+    controller_name = str(controller["name"])
+    replay_specs = ["stat", "full", *[f"periodic:{d}" for d in size.table_intervals], str(controller_path)]
+    if f"periodic:{size.reference_interval}" not in replay_specs:
+        replay_specs.insert(2, f"periodic:{size.reference_interval}")
+    evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
+    held_out_replay = _replay_on(folder / "probe", replay_specs, confirmation_ids)
+    by_position = _closed_by_position(Path(confirmation.run_dir))
+    cell = {
+        "fingerprint": fingerprint,
+        "tag": tag,
+        "temperature": temperature,
+        "budget": budget,
+        "reference": f"periodic:{size.reference_interval}",
+        "controller_name": controller_name,
+        "controller_path": str(controller_path),
+        "split_sizes": {k: len(v) for k, v in calibration["splits"]["request_ids"].items()}
+        if isinstance(calibration["splits"].get("request_ids"), dict)
+        else calibration["splits"].get("sizes"),
+        "confirmation_ids": confirmation_ids,
+        "table_ids": table_ids,
+        "free_running": temperature > 0,
+        "table": table,
+        "confirmation": confirmation.to_dict() | {"replay_comparisons": calibration["confirmation"]["comparisons"]},
+        "replay_verdict": confirmation.replay_verdict,
+        "fidelity": [
+            row["fidelity"] | {"policy": row["policy"]} for row in evaluation["policies"] if row.get("fidelity")
+        ],
+        "replay_held_out": held_out_replay,
+        "closed_by_position": by_position,
+        "staleness": _staleness(by_position, held_out_replay),
+        "oracle": _oracle(folder / "probe", confirmation_ids, size, held_out_replay, controller_name),
+        "signals": _signal_summary(calibration, controller),
+        "timings": {k: v for k, v in stages.timings.items() if k.startswith(tag)},
+    }
+    cell = json_safe(cell)
+    atomic_write_json(cell_file, cell)
+    return cell
+
+
+def _replay_on(probe_dir: Path, specs: list[str], request_ids: Sequence[str]) -> list[dict[str, Any]]:
+    from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.policies.evaluate import evaluate_policies
+
+    traces = read_probe_traces(probe_dir)
+    ids = set(request_ids)
+    keep = [index for index, rid in enumerate(traces.requests["request_id"]) if str(rid) in ids]
+    rows = evaluate_policies(traces.subset(keep), specs)
+    return [{key: row[key] for key in ("policy", "mean_al", "refreshes_per_1k")} for row in rows]
+
+
+def run_bench(
+    out_dir: str | Path,
+    *,
+    size: str | BenchSize = "full",
+    model: str = "smollm2-135m",
+    seed: int = 0,
+    dataset: str = "embedded",
+    device: str = "cpu",
+    dtype: str | None = None,
+    progress: Progress | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``."""
+    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
+
+    settings_size = bench_size(size) if isinstance(size, str) else size
+    settings_size.check()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = _Stages(progress or (lambda stage, done, total: None))
+    started = time.monotonic()
+    stages.progress("load model", 0, 1)
+    pair = load_pair(model, device=device, dtype=dtype)
+    stages.progress("load model", 1, 1)
+    requests = select_requests(load_requests(dataset, pair.tokenizer), settings_size)
+    cells: dict[str, Any] = {}
+    controllers: dict[str, str] = {}
+    for temperature in settings_size.temperatures:
+        folder = out / f"T{temperature:g}"
+        began = time.monotonic()
+        targets = ensure_targets(
+            pair,
+            requests,
+            folder / "targets.parquet",
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=settings_size.output_tokens,
+            min_new_tokens=settings_size.output_tokens,
+            extend=True,
+            on_request=stages.counter(f"T{temperature:g} targets", len(requests)),
+            batch_size=settings_size.batch_size,
+        )
+        stages.timed(f"T{temperature:g} targets", time.monotonic() - began)
+        for budget in settings_size.budgets:
+            cell = run_cell(
+                pair, requests, targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
+                budget=budget, seed=seed, dataset=dataset, stages=stages,
+            )  # fmt: skip
+            cells[cell["tag"]] = cell
+            controllers[cell["tag"]] = cell["controller_path"]
+    summary = {
+        "format": BENCH_FORMAT,
+        "version": BENCH_VERSION,
+        "model": pair.preset.name,
+        "draft": pair.preset.draft,
+        "target": pair.preset.target_name,
+        "seed": seed,
+        "dataset": dataset,
+        "device": device,
+        "dtype": dtype or "float32",
+        "size": asdict(settings_size),
+        "n_requests": len(requests),
+        "isl": [request.isl for request in requests],
+        "categories": sorted({request.category for request in requests}),
+        "cells": cells,
+        "timings": dict(stages.timings),
+        "wall_s": round(time.monotonic() - started, 1),
+        "command": command,
+    }
+    summary = json_safe(summary)
+    atomic_write_json(out / "bench.json", summary)
+    report_path = write_bench_report(summary, out)
+    return {"report": str(report_path), "controllers": controllers, "bench": summary}
+
+
+def export_controllers(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Copy every cell's calibrated controller (closed-loop provenance included) to ``out_dir/<name>.json``."""
+    from rift_ada.calibrate.export import export_controller
+
+    folder = Path(out_dir)
+    written = []
+    for cell in summary["cells"].values():
+        controller = json.loads(Path(cell["controller_path"]).read_text(encoding="utf-8"))
+        controller.setdefault("calibration", {})["benchmark"] = {
+            "command": summary.get("command"),
+            "cell": cell["tag"],
+            "requests": summary["n_requests"],
+            "output_tokens": summary["size"]["output_tokens"],
+            "confirmation_requests": len(cell["confirmation_ids"]),
+            "gain": bool(cell["confirmation"]["verdict"]["gain"]),
+            "verdict": cell["confirmation"]["verdict"]["text"],
+        }
+        written.append(export_controller(controller, folder / f"{controller['name']}.json"))
+    return written

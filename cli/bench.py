@@ -1,0 +1,104 @@
+"""`rift-ada bench`: the benchmark run behind docs/results.md (probe, calibrate, closed-loop confirmation, oracle)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.text import Text
+
+BenchSizeName = Literal["tiny", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
+
+
+def _numbers(text: str | None, name: str, kind: type) -> tuple | None:
+    if text is None:
+        return None
+    try:
+        return tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated numbers, got {text!r}") from None
+
+
+def bench(
+    out: Annotated[Path, typer.Option(help="Run directory (re-running continues where it stopped).")] = Path(
+        "runs/bench"
+    ),
+    size: Annotated[BenchSizeName, typer.Option(help="full (issue 11's size) or tiny (smoke test).")] = "full",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")
+    ] = "smollm2-135m",
+    dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
+    requests: Annotated[int | None, typer.Option(help="Requests (default: the size's).")] = None,
+    output_tokens: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
+    budgets: Annotated[str | None, typer.Option(help="Draft KV budgets, comma separated, e.g. 128,256,512.")] = None,
+    temperatures: Annotated[str | None, typer.Option(help="Temperatures, comma separated, e.g. 0,1.")] = None,
+    trials: Annotated[int | None, typer.Option(help="Optuna trials per (temperature, budget) cell.")] = None,
+    table_requests: Annotated[
+        int | None, typer.Option(help="Confirmation requests that also run every Table 1 method (default: all).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Requests per batched forward (targets, probe, closed loop).")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
+    device: Annotated[str, typer.Option(help="torch device (cuda on a GPU machine).")] = "cpu",
+    dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
+    results: Annotated[Path | None, typer.Option(help="Also write this results page (e.g. docs/results.md).")] = None,
+    export_controllers: Annotated[
+        Path | None, typer.Option(help="Copy each cell's calibrated controller here (e.g. data/controllers).")
+    ] = None,
+) -> None:
+    """The benchmark: per temperature and budget, calibrate, confirm in the closed loop, compare with the oracle."""
+    from rift_ada.calibrate.bench import bench_size, run_bench
+    from rift_ada.calibrate.bench import export_controllers as export
+    from rift_ada.calibrate.bench_report import write_results
+    from rift_ada.cli._errors import fail
+    from rift_ada.cli.app import _check_dataset, _check_model, _check_writable, _progress, console
+
+    try:
+        chosen = bench_size(
+            size,
+            n_requests=requests,
+            output_tokens=output_tokens,
+            budgets=_numbers(budgets, "--budgets", int),
+            temperatures=_numbers(temperatures, "--temperatures", float),
+            trials=trials,
+            table_requests=table_requests,
+            batch_size=batch_size,
+        )
+    except ValueError as error:  # a bad size: a usage error, before any model loads
+        fail(error, code=2)
+    _check_model(model)
+    _check_dataset(dataset)
+    _check_writable(out / "bench.json", "--out")
+    if results is not None:
+        _check_writable(results, "--results")
+    given = {
+        "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
+        "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,
+        "--table-requests": table_requests, "--batch-size": batch_size, "--seed": seed, "--device": device,
+        "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
+    }  # fmt: skip
+    command = "rift-ada bench " + " ".join(
+        f"{flag} {shlex.quote(str(value))}" for flag, value in given.items() if value is not None
+    )
+    try:
+        with _progress() as progress:
+            outcome = run_bench(
+                out, size=chosen, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
+                progress=progress.stage_callback(), command=command,
+            )  # fmt: skip
+    except (ValueError, OSError) as error:
+        fail(error)
+    console.print(Text.assemble("report: ", (outcome["report"], "bold")))
+    if results is not None:
+        console.print(Text.assemble("results: ", (str(write_results(outcome["bench"], out, results)), "bold")))
+    if export_controllers is not None:
+        for path in export(outcome["bench"], export_controllers):
+            console.print(Text.assemble("controller: ", (str(path), "bold")))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the `rift-ada` app."""
+    app.command("bench")(bench)
