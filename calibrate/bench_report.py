@@ -271,13 +271,12 @@ def write_bench_report(summary: dict[str, Any], out_dir: str | Path) -> Path:
     return atomic_write_text(folder / "report.md", render_bench_markdown(summary))
 
 
-def render_results(summary: dict[str, Any], *, run_dir: str | Path, results_path: str | Path) -> str:
+def render_results(summary: dict[str, Any], *, images: str) -> str:
     """docs/results.md: how the run was made (command, date, machine, wall time), then its report."""
     import datetime
 
     import torch
 
-    images = os.path.relpath(Path(run_dir), start=Path(results_path).parent)
     timings = summary.get("timings", {})
     stage_lines = [f"| {stage} | {seconds / 60:.1f} |" for stage, seconds in timings.items()]
     header = [
@@ -303,4 +302,12 @@ def render_results(summary: dict[str, Any], *, run_dir: str | Path, results_path
 
 
 def write_results(summary: dict[str, Any], run_dir: str | Path, results_path: str | Path) -> Path:
-    return atomic_write_text(Path(results_path), render_results(summary, run_dir=run_dir, results_path=results_path))
+    """Write the results page and copy its plots beside it (``<page stem>/``), so the page stands alone."""
+    import shutil
+
+    page = Path(results_path)
+    images = page.parent / page.stem
+    images.mkdir(parents=True, exist_ok=True)
+    for cell in summary["cells"].values():
+        shutil.copyfile(Path(run_dir) / _png(cell), images / _png(cell))
+    return atomic_write_text(page, render_results(summary, images=page.stem))

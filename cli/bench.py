@@ -35,6 +35,9 @@ def bench(
     budgets: Annotated[str | None, typer.Option(help="Draft KV budgets, comma separated, e.g. 128,256,512.")] = None,
     temperatures: Annotated[str | None, typer.Option(help="Temperatures, comma separated, e.g. 0,1.")] = None,
     trials: Annotated[int | None, typer.Option(help="Optuna trials per (temperature, budget) cell.")] = None,
+    max_isl: Annotated[int | None, typer.Option(help="Longest prompt (tokens) a request may have.")] = None,
+    arm_ages: Annotated[str | None, typer.Option(help="Probe arm ages, comma separated (multiples of 8).")] = None,
+    max_age: Annotated[int | None, typer.Option(help="Controller schedule max_age (<= the oldest arm).")] = None,
     table_requests: Annotated[
         int | None, typer.Option(help="Confirmation requests that also run every Table 1 method (default: all).")
     ] = None,
@@ -64,6 +67,9 @@ def bench(
             budgets=_numbers(budgets, "--budgets", int),
             temperatures=_numbers(temperatures, "--temperatures", float),
             trials=trials,
+            max_isl=max_isl,
+            arm_ages=_numbers(arm_ages, "--arm-ages", int),
+            max_age=max_age,
             table_requests=table_requests,
             batch_size=batch_size,
         )
@@ -77,6 +83,7 @@ def bench(
     given = {
         "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
         "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,
+        "--max-isl": max_isl, "--arm-ages": arm_ages, "--max-age": max_age,
         "--table-requests": table_requests, "--batch-size": batch_size, "--seed": seed, "--device": device,
         "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
     }  # fmt: skip

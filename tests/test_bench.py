@@ -82,7 +82,8 @@ def test_results_page_and_exported_controllers(bench_dir):
 
     results = (bench_dir.parent / "docs" / "results.md").read_text()
     assert results.startswith("# Results") and "rift-ada bench --size tiny" in results and "## The answer" in results
-    assert "../run/staleness_T0_B96.png" in results  # images resolve from the results page's folder
+    assert "(results/staleness_T0_B96.png)" in results  # the plots are copied beside the page
+    assert (bench_dir.parent / "docs" / "results" / "staleness_T0_B96.png").stat().st_size > 1000
     summary = json.loads((bench_dir / "bench.json").read_text())
     exported = sorted((bench_dir.parent / "controllers").glob("*.json"))
     assert len(exported) == len(summary["cells"])
