@@ -54,7 +54,8 @@ TABLE_BASELINES: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True)
 class BenchSize:
-    """How big a benchmark run is. ``full`` is issue 11's size; ``tiny`` runs in the test suite."""
+    """How big a benchmark run is: ``full`` (36 requests x 768 tokens, 3 budgets, T = 0 and 1), ``small``
+    (`make demo`), ``tiny`` (the test suite)."""
 
     n_requests: int
     output_tokens: int
@@ -121,6 +122,18 @@ BENCH_SIZES: dict[str, BenchSize] = {
         max_isl=1100,
         table_requests=1,
         batch_size=16,
+    ),
+    "small": BenchSize(  # `make demo`: one machine, about a quarter of an hour on 2 CPU cores
+        n_requests=12,
+        output_tokens=256,
+        budgets=(256,),
+        temperatures=(0.0,),
+        trials=120,
+        arm_ages=(0, 32, 64, 128, 256),
+        max_age=256,
+        max_isl=1100,
+        split=(0.25, 0.25, 0.5),
+        table_requests=2,
     ),
     "full": BenchSize(n_requests=36, output_tokens=768, budgets=(128, 256, 512), temperatures=(0.0, 1.0), trials=300),
 }
@@ -359,7 +372,6 @@ def run_cell(
     stages: _Stages,
 ) -> dict[str, Any]:
     """One (temperature, budget) cell: probe, calibrate, closed loop, fidelity, oracle; returns its summary."""
-    from rift_ada.calibrate.demo import _closed_by_position  # the demo's staleness curve, same definition
     from rift_ada.collectors.collect import CollectSettings, closed_results
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
@@ -450,7 +462,7 @@ def run_cell(
         replay_specs.insert(2, f"periodic:{size.reference_interval}")
     evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
     held_out_replay = _replay_on(folder / "probe", replay_specs, confirmation_ids)
-    by_position = _closed_by_position(Path(confirmation.run_dir))
+    by_position = closed_by_position(Path(confirmation.run_dir))
     cell = {
         "fingerprint": fingerprint,
         "tag": tag,
@@ -481,6 +493,30 @@ def run_cell(
     cell = json_safe(cell)
     atomic_write_json(cell_file, cell)
     return cell
+
+
+def closed_by_position(closed_dir: Path, bin_size: int = 32) -> dict[str, Any]:
+    """Macro AL of rounds starting in each output-position bin, per closed-loop policy (staleness curve)."""
+    from rift_ada.collectors.trace_io import read_tables
+
+    table = read_tables(closed_dir, kinds=["rounds"])["rounds"]
+    policy = np.asarray(table.column("policy").to_pylist())
+    request = np.asarray(table.column("request_id").to_pylist())
+    position = np.asarray(table.column("position").to_pylist())
+    al = np.asarray(table.column("al").to_pylist(), dtype=float)
+    n_bins = int(position.max() // bin_size) + 1 if len(position) else 0
+    curves: dict[str, list[float | None]] = {}
+    for label in sorted(set(policy.tolist())):
+        values = []
+        for index in range(n_bins):
+            per_request = []
+            for rid in sorted(set(request.tolist())):
+                mask = (policy == label) & (request == rid) & (position // bin_size == index)
+                if mask.any():
+                    per_request.append(float(al[mask].mean()))
+            values.append(float(np.mean(per_request)) if per_request else None)
+        curves[label] = values
+    return {"bin_size": bin_size, "curves": curves}
 
 
 def _replay_on(probe_dir: Path, specs: list[str], request_ids: Sequence[str]) -> list[dict[str, Any]]:

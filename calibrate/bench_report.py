@@ -7,11 +7,64 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from rift_ada.calibrate.demo_report import _fmt, _interval, _pct, plot_staleness
 from rift_ada.calibrate.export import atomic_write_text
 
 STALENESS_PNG = "staleness_T{temperature:g}_B{budget}.png"
 CAPTURE_GOAL = 0.8  # issue 11: the controller captures >= 80% of the oracle's refresh saving
+
+
+def _controller_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((row for row in rows if row["is_controller"]), None)
+
+
+def _display(label: str, run: dict[str, Any]) -> str:
+    """Policy label for people: the calibrated controller shows as RIFT-ada."""
+    controller = _controller_row(run["closed"])
+    return f"RIFT-ada ({label})" if controller is not None and controller["policy"] == label else label
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _interval(interval: dict[str, Any] | None, percent: bool = False) -> str:
+    if not interval or interval.get("estimate") is None:
+        return "–"
+    scale = 100.0 if percent else 1.0
+    unit = "%" if percent else ""
+    low, high = interval.get("low"), interval.get("high")
+    bounds = "" if low is None or high is None else f" [{scale * low:+.1f}{unit}, {scale * high:+.1f}{unit}]"
+    if not percent:
+        bounds = "" if low is None or high is None else f" [{low:+.3f}, {high:+.3f}]"
+        return f"{interval['estimate']:+.3f}{bounds}"
+    return f"{scale * interval['estimate']:+.1f}{unit}{bounds}"
+
+
+def plot_staleness(run: dict[str, Any], path: Path) -> None:
+    """AL by output position (closed loop) per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = run["closed_by_position"]["curves"]
+    bin_size = run["closed_by_position"]["bin_size"]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for label, values in curves.items():
+        xs = [bin_size * (index + 0.5) for index, v in enumerate(values) if v is not None]
+        ys = [v for v in values if v is not None]
+        axis.plot(xs, ys, marker="o", label=_display(label, run))
+    axis.set_xlabel("output position (tokens)")
+    axis.set_ylabel("AL of rounds starting there")
+    axis.set_title(f"Staleness curve, closed loop, T = {run['temperature']:g}")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def _table_order(cell: dict[str, Any]) -> list[tuple[str, str]]:

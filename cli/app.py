@@ -52,7 +52,6 @@ BatchSizeOption = Annotated[
     int, typer.Option(min=1, help="Requests (closed mode: request x policy runs) decoded together.")
 ]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
-DemoSize = Literal["tiny", "small", "full"]  # the keys of calibrate.demo.DEMO_SIZES (a test keeps them equal)
 
 
 def _progress() -> ProgressReporter:
@@ -692,32 +691,6 @@ def report(
     if not path.exists():
         fail(f"{path}: no report here (run `rift-ada demo` or `rift-ada calibrate` first)")
     Console(highlight=False).print(Markdown(path.read_text()))  # terminal width, even in a log
-
-
-@app.command()
-def demo(
-    out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/demo"),
-    size: Annotated[
-        DemoSize, typer.Option(help="tiny (smoke test), small (default, ~10 min on 2 cores) or full.")
-    ] = "small",
-    model: ModelOption = "smollm2-135m",
-    dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
-    seed: Annotated[
-        int, typer.Option(min=0, max=MAX_SEED, help="Seed of every random choice (recorded in demo.json).")
-    ] = 0,
-) -> None:
-    """The whole pipeline on the embedded SmolLM2-135M: dataset, targets, probe, calibrate, closed loop, report."""
-    _check_model(model)
-    _check_dataset(dataset)
-    _check_writable(out / "demo.json", "--out")
-    from rift_ada.calibrate.demo import run_demo
-
-    with _progress() as progress:
-        summary = run_demo(out, size=size, model=model, dataset=dataset, seed=seed, progress=progress.stage_callback())
-    console.print(summary["table"])
-    console.print(Text.assemble("report: ", (str(summary["report"]), "bold")))
-    for label, path in summary["controllers"].items():
-        console.print(Text.assemble(f"controller ({label}): ", (str(path), "bold")))
 
 
 from rift_ada.cli import bench as _bench_cli  # noqa: E402

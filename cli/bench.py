@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 import typer
 from rich.text import Text
 
-BenchSizeName = Literal["tiny", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
+BenchSizeName = Literal["tiny", "small", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
+OUT_HELP = "Run directory (re-running continues where it stopped)."
 
 
 def _numbers(text: str | None, name: str, kind: type) -> tuple | None:
@@ -25,7 +27,9 @@ def bench(
     out: Annotated[Path, typer.Option(help="Run directory (re-running continues where it stopped).")] = Path(
         "runs/bench"
     ),
-    size: Annotated[BenchSizeName, typer.Option(help="full (issue 11's size) or tiny (smoke test).")] = "full",
+    size: Annotated[
+        BenchSizeName, typer.Option(help="full (36 requests x 768 tokens, 3 budgets, T = 0 and 1), small or tiny.")
+    ] = "full",
     model: Annotated[
         str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")
     ] = "smollm2-135m",
@@ -106,6 +110,20 @@ def bench(
             console.print(Text.assemble("controller: ", (str(path), "bold")))
 
 
+def demo(
+    out: Annotated[Path, typer.Option(help=OUT_HELP)] = Path("runs/demo"),
+    size: Annotated[
+        BenchSizeName, typer.Option(help="small (default, ~15 min on 2 cores), tiny (smoke test) or full (hours).")
+    ] = "small",
+    model: ModelOption = "smollm2-135m",
+    dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
+    seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
+) -> None:
+    """The whole pipeline on the embedded SmolLM2-135M: `rift-ada bench` at the small size (see its report)."""
+    bench(out=out, size=size, model=model, dataset=dataset, seed=seed)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `bench` to the `rift-ada` app."""
+    """Add `bench` and `demo` to the `rift-ada` app."""
     app.command("bench")(bench)
+    app.command("demo")(demo)

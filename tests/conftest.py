@@ -50,3 +50,22 @@ def tiny_model_dir(tmp_path_factory):
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def bench_tiny_dir(tiny_model_dir, tmp_path_factory):
+    """One tiny `rift-ada bench` run through the CLI (with a results page and exported controllers), shared.
+
+    Read-only for tests: copy it to change it. Layout: ``run/`` (the run), ``docs/results.md``, ``controllers/``.
+    """
+    from typer.testing import CliRunner
+
+    from rift_ada.cli.app import app
+
+    out = tmp_path_factory.mktemp("bench") / "run"
+    arguments = ["bench", "--size", "tiny", "--model", str(tiny_model_dir), "--out", str(out)]
+    arguments += ["--results", str(out.parent / "docs" / "results.md")]
+    arguments += ["--export-controllers", str(out.parent / "controllers")]
+    outcome = CliRunner().invoke(app, arguments)
+    assert outcome.exit_code == 0, outcome.output
+    return out

@@ -26,14 +26,8 @@ SECTIONS = (
 
 
 @pytest.fixture(scope="module")
-def bench_dir(tiny_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "run"
-    results = out.parent / "docs" / "results.md"
-    arguments = ["bench", "--size", "tiny", "--model", str(tiny_model_dir), "--out", str(out)]
-    arguments += ["--results", str(results), "--export-controllers", str(out.parent / "controllers")]
-    outcome = CliRunner().invoke(app, arguments)
-    assert outcome.exit_code == 0, outcome.output
-    return out
+def bench_dir(bench_tiny_dir):
+    return bench_tiny_dir
 
 
 def test_tiny_bench_report_has_every_section_and_its_numbers(bench_dir):

@@ -11,9 +11,7 @@ from rich.console import Console
 from test_cli_errors import imported, invoke, model_dir, no_model_loads, probe_dir  # noqa: F401
 from test_controller_validation import valid_examples
 
-from rift_ada.calibrate.demo import DEMO_SIZES
 from rift_ada.cli._progress import ProgressReporter
-from rift_ada.cli.app import DemoSize
 from rift_ada.collectors.datasets import list_datasets
 from rift_ada.models import PRESETS
 
@@ -88,10 +86,6 @@ def test_fast_stages_are_throttled_but_always_finish():
             report("study", done, 100)
     lines = buffer.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("[study] 1/100") and lines[1].startswith("[study] 100/100")
-
-
-def test_demo_sizes_match_the_library():
-    assert set(typing.get_args(DemoSize)) == set(DEMO_SIZES)
 
 
 def test_bench_sizes_match_the_library():
