@@ -377,7 +377,7 @@ def run_cell(
     from rift_ada.collectors.trace_io import read_probe_traces
 
     tag = f"T{temperature:g} B{budget}"
-    fingerprint = _cell_fingerprint(size, temperature, budget, seed, pair.preset.name, dataset)
+    fingerprint = json_safe(_cell_fingerprint(size, temperature, budget, seed, pair.preset.name, dataset))
     cell_file = folder / "cell.json"
     if cell_file.exists():
         done = json.loads(cell_file.read_text(encoding="utf-8"))
@@ -462,7 +462,7 @@ def run_cell(
         replay_specs.insert(2, f"periodic:{size.reference_interval}")
     evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
     held_out_replay = _replay_on(folder / "probe", replay_specs, confirmation_ids)
-    by_position = closed_by_position(Path(confirmation.run_dir))
+    by_position = closed_by_position(closed_dirs)
     cell = {
         "fingerprint": fingerprint,
         "tag": tag,
@@ -495,15 +495,26 @@ def run_cell(
     return cell
 
 
-def closed_by_position(closed_dir: Path, bin_size: int = 32) -> dict[str, Any]:
-    """Macro AL of rounds starting in each output-position bin, per closed-loop policy (staleness curve)."""
+def closed_by_position(closed_dirs: Sequence[Path], bin_size: int = 32) -> dict[str, Any]:
+    """Macro AL of rounds starting in each output-position bin, per closed-loop policy (staleness curve).
+
+    A policy found in several runs is read from the first that has it (each over its own requests)."""
     from rift_ada.collectors.trace_io import read_tables
 
-    table = read_tables(closed_dir, kinds=["rounds"])["rounds"]
-    policy = np.asarray(table.column("policy").to_pylist())
-    request = np.asarray(table.column("request_id").to_pylist())
-    position = np.asarray(table.column("position").to_pylist())
-    al = np.asarray(table.column("al").to_pylist(), dtype=float)
+    columns: dict[str, list] = {"policy": [], "request_id": [], "position": [], "al": []}
+    seen: set[str] = set()
+    for closed_dir in closed_dirs:
+        table = read_tables(closed_dir, kinds=["rounds"])["rounds"]
+        labels = table.column("policy").to_pylist()
+        keep = [i for i, label in enumerate(labels) if label not in seen]
+        for name in columns:
+            values = table.column(name).to_pylist()
+            columns[name] += [values[i] for i in keep]
+        seen |= set(labels)
+    policy = np.asarray(columns["policy"])
+    request = np.asarray(columns["request_id"])
+    position = np.asarray(columns["position"])
+    al = np.asarray(columns["al"], dtype=float)
     n_bins = int(position.max() // bin_size) + 1 if len(position) else 0
     curves: dict[str, list[float | None]] = {}
     for label in sorted(set(policy.tolist())):
