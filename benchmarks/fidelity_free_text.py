@@ -56,22 +56,26 @@ def main(argv: list[str] | None = None) -> int:
     pair, requests, settings, targets = setup.pair, setup.requests, setup.settings, setup.targets
     by_id = {row["request_id"]: row for row in targets}
     stat = resolve_closed_policy("stat", settings)
+
+    def free_running_stat(target: dict, seed: int):
+        """The run's free-running `stat` loop on one request (the closed loop's seeds when ``seed`` is the run's)."""
+        return speculative_generate(
+            pair.draft,
+            list(target["prompt_token_ids"]),
+            policy=stat.cache,
+            target_model=pair.target,
+            max_new_tokens=len(target["response_token_ids"]),
+            draft_length=settings.draft_length,
+            temperature=settings.temperature,
+            seed=request_seed(seed, target["request_id"]),
+        )
+
     if args.loop_seeds:
         per_seed = []
         for seed in (int(x) for x in args.loop_seeds.split(",")):
             als = []
             for request in requests:
-                target = by_id[request.request_id]
-                result = speculative_generate(
-                    pair.draft,
-                    list(target["prompt_token_ids"]),
-                    policy=stat.cache,
-                    target_model=pair.target,
-                    max_new_tokens=len(target["response_token_ids"]),
-                    draft_length=settings.draft_length,
-                    temperature=settings.temperature,
-                    seed=request_seed(seed, request.request_id),
-                )
+                result = free_running_stat(by_id[request.request_id], seed)
                 als.append(len(result.tokens) / len(result.rounds))
             per_seed.append(float(np.mean(als)))
             print(f"seed {seed}: free-running stat mean AL {per_seed[-1]:.3f}", flush=True)
@@ -99,16 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for request in requests:
         current = loop_alpha.setdefault(request.request_id, {})
         target = by_id[request.request_id]
-        result = speculative_generate(
-            pair.draft,
-            list(target["prompt_token_ids"]),
-            policy=stat.cache,
-            target_model=pair.target,
-            max_new_tokens=len(target["response_token_ids"]),
-            draft_length=settings.draft_length,
-            temperature=settings.temperature,
-            seed=request_seed(settings.seed, request.request_id),
-        )
+        result = free_running_stat(target, settings.seed)
         loop_rows.append({**target, "response_token_ids": list(result.tokens)})
         starts[request.request_id] = [(r.position, r.al) for r in result.rounds]
         loop_al[request.request_id] = len(result.tokens) / len(result.rounds)
