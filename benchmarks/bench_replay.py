@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_replay.py            # 100 requests x 4096 positions x 9 arms
     .venv/bin/python benchmarks/bench_replay.py --quick    # smaller, for a smoke run
+    .venv/bin/python benchmarks/bench_replay.py --temperature 1 --replicas 1 4   # T > 0: study vs confirmation
 
 Single-policy replay steps all requests in lockstep; ``replay_many`` adds one lane per policy, so a
 batch of policies (an Optuna batch, a threshold sweep, the periodic baselines) costs little more
@@ -30,7 +31,7 @@ from rift_ada.policies import (
     replay_many,
     rule,
 )
-from rift_ada.policies.replay import _tables, replay
+from rift_ada.policies.replay import DEFAULT_REPLICAS, _tables, replay
 
 IDENTITY = {"name": "bench", "draft": "synthetic", "target": "synthetic"}
 
@@ -55,17 +56,19 @@ def policies(temperature: float, fitted: ScorePolicy) -> dict[str, list[dict[str
     return {"periodic": periodic, "gate": gate, "score": score}
 
 
-def time_replay(traces: Any, batch: list[dict[str, Any]], repeats: int) -> tuple[float, float, Any]:
+def time_replay(
+    traces: Any, batch: list[dict[str, Any]], repeats: int, replicas: int | None = None
+) -> tuple[float, float, Any]:
     """(single-policy evaluations/s, batched evaluations/s, single result); medians over ``repeats`` runs."""
-    result = replay(traces, batch[0])  # warm-up
+    result = replay(traces, batch[0], replicas=replicas)  # warm-up
     single_s, batch_s = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        result = replay(traces, batch[0])
+        result = replay(traces, batch[0], replicas=replicas)
         single_s.append(time.perf_counter() - start)
     for _ in range(max(1, repeats // 2)):
         start = time.perf_counter()
-        replay_many(traces, batch)
+        replay_many(traces, batch, replicas=replicas)
         batch_s.append(time.perf_counter() - start)
     return 1.0 / statistics.median(single_s), len(batch) / statistics.median(batch_s), result
 
@@ -133,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=5, help="single-policy replays timed per family (half as many batches)"
     )
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_REPLICAS],
+        help="sampling replicas timed at T > 0, one table each (the study uses 1, the confirmation the default)",
+    )
     parser.add_argument("--decide-calls", type=int, default=50_000)
     parser.add_argument("--quick", action="store_true", help="20 requests x 1024 positions, 2 repeats")
     parser.add_argument("--json", help="also write the figures to this JSON file")
@@ -149,30 +159,36 @@ def main(argv: list[str] | None = None) -> int:
     }
     for temperature in args.temperature:
         traces = synthetic_traces(args.requests, args.positions, temperature=temperature, seed=0)
-        start = time.perf_counter()
-        _tables(traces)
-        setup = time.perf_counter() - start
         fitted = ScorePolicy().fit(traces.subset(np.arange(min(20, traces.n_requests))))
-        print(
-            f"T={temperature:g}: {args.requests} requests x {args.positions} positions x "
-            f"{len(traces.arms)} arms; replay tables built once per traces in {setup:.2f} s"
-        )
-        print(f"  {'family':<9} {'single eval/s':>14} {'batched eval/s':>15} {'batch':>6} {'mean AL':>8} {'ref/1K':>7}")
-        rows = {}
-        for family, batch in policies(temperature, fitted).items():
-            single, batched, result = time_replay(traces, batch, args.repeats)
-            rows[family] = {
-                "single_eval_per_s": single,
-                "batched_eval_per_s": batched,
-                "batch": len(batch),
-                "mean_al": result.mean_al,
-                "refreshes_per_1k": result.refreshes_per_1k,
-            }
+        for replicas in args.replicas if temperature > 0 else [1]:
+            start = time.perf_counter()
+            _tables(traces, replicas)
+            setup = time.perf_counter() - start
+            shown = f", {replicas} replica{'s' if replicas > 1 else ''}" if temperature > 0 else ""
             print(
-                f"  {family:<9} {single:>14.1f} {batched:>15.1f} {len(batch):>6} "
-                f"{result.mean_al:>8.3f} {result.refreshes_per_1k:>7.2f}"
+                f"T={temperature:g}{shown}: {args.requests} requests x {args.positions} positions x "
+                f"{len(traces.arms)} arms; replay tables built once per traces in {setup:.2f} s"
             )
-        figures["replay"][f"T={temperature:g}"] = {"table_setup_s": setup, "families": rows}
+            print(
+                f"  {'family':<9} {'single eval/s':>14} {'batched eval/s':>15} {'batch':>6} "
+                f"{'mean AL':>8} {'ref/1K':>7}"
+            )
+            rows = {}
+            for family, batch in policies(temperature, fitted).items():
+                single, batched, result = time_replay(traces, batch, args.repeats, replicas)
+                rows[family] = {
+                    "single_eval_per_s": single,
+                    "batched_eval_per_s": batched,
+                    "batch": len(batch),
+                    "mean_al": result.mean_al,
+                    "refreshes_per_1k": result.refreshes_per_1k,
+                }
+                print(
+                    f"  {family:<9} {single:>14.1f} {batched:>15.1f} {len(batch):>6} "
+                    f"{result.mean_al:>8.3f} {result.refreshes_per_1k:>7.2f}"
+                )
+            key = f"T={temperature:g}" + (f",replicas={replicas}" if temperature > 0 else "")
+            figures["replay"][key] = {"table_setup_s": setup, "replicas": replicas, "families": rows}
 
     gate = policies(0.0, fitted)["gate"][0]
     decide = time_decide(Controller.from_dict(gate), args.decide_calls)

@@ -19,7 +19,7 @@ import numpy as np
 from rift_ada.controller import make_controller_dict
 from rift_ada.policies.replay import replay_many
 
-__all__ = ["FidelityCase", "fidelity_gate", "measure_fidelity"]
+__all__ = ["FidelityCase", "FidelitySetup", "fidelity_gate", "fidelity_setup", "measure_fidelity", "reopen_fidelity"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,21 @@ def fidelity_gate(settings: Any, max_age: int) -> dict[str, Any]:
     )
 
 
-def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
-    """Rows (policy, replay AL and spread, closed AL, relative gap, refreshes both ways); also fidelity.json."""
-    from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed, save_json
-    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
-    from rift_ada.collectors.trace_io import read_probe_traces
+@dataclass
+class FidelitySetup:
+    """The model pair, requests, collection settings and target rows of a fidelity run."""
 
-    out = Path(out_dir)
+    pair: Any
+    requests: list[Any]
+    settings: Any
+    targets: list[dict[str, Any]]
+
+
+def fidelity_setup(out_dir: str | Path, case: FidelityCase, model: str = "smollm2-135m") -> FidelitySetup:
+    """Load the model and requests of ``case``; generate (or reuse) its targets in ``out_dir``."""
+    from rift_ada.collectors.collect import CollectSettings
+    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
+
     pair = load_pair(model)
     requests = load_requests(case.dataset, pair.tokenizer, limit=case.n_requests, max_isl=case.max_isl)
     settings = CollectSettings(
@@ -78,12 +86,36 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     targets = ensure_targets(
         pair,
         requests,
-        out / "targets.parquet",
+        Path(out_dir) / "targets.parquet",
         temperature=case.temperature,
         seed=case.seed,
         max_new_tokens=case.output_tokens,
         min_new_tokens=case.output_tokens,
     )
+    return FidelitySetup(pair, requests, settings, targets)
+
+
+def reopen_fidelity(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any], FidelitySetup]:
+    """(case, fidelity.json, setup) of a finished :func:`measure_fidelity` run (diagnostics rerun parts of it)."""
+    import json
+
+    record = json.loads((Path(out_dir) / "fidelity.json").read_text())
+    fields = dict(record["case"])
+    for key in ("periodic", "arm_ages"):
+        fields[key] = tuple(fields[key])
+    case = FidelityCase(**fields)
+    return case, record, fidelity_setup(out_dir, case, record["model"])
+
+
+def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
+    """Rows (policy, replay AL and spread, closed AL, relative gap, refreshes both ways); also fidelity.json."""
+    from rift_ada.collectors.collect import closed_results, collect_closed, save_json
+    from rift_ada.collectors.pipeline import run_collection
+    from rift_ada.collectors.trace_io import read_probe_traces
+
+    out = Path(out_dir)
+    setup = fidelity_setup(out, case, model)
+    pair, requests, settings, targets = setup.pair, setup.requests, setup.settings, setup.targets
     run_collection(pair, requests, targets, out / "probe", settings, mode="probe")
     gate = fidelity_gate(settings, max_age=max(case.arm_ages))
     gate_path = out / "gate.json"

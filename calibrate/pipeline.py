@@ -37,6 +37,7 @@ from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError, Splits, make_splits
 from rift_ada.calibrate.study import (
     DEFAULT_INTERVALS,
+    SEARCH_REPLICAS,
     PolicyEvaluator,
     StudyTask,
     baseline_labels,
@@ -126,13 +127,15 @@ def check_traces_match(manifest: dict[str, Any], model_draft: str, model_target:
         raise CalibrationError("traces do not match the calibration request: " + "; ".join(problems))
 
 
-def _replay_sampling(traces: ProbeTraces, seed: int) -> dict[str, Any]:
+def _replay_sampling(traces: ProbeTraces, seed: int, search_replicas: int, confirm_replicas: int) -> dict[str, Any]:
     """How replay sampled acceptance (provenance): exact at T = 0; seeded replicas at T > 0."""
     if traces.temperature <= 0:
         return {"mode": "exact (T = 0)", "replicas": 1}
     return {
         "mode": "acceptance sampled per position",
-        "replicas": DEFAULT_REPLICAS,
+        "study_replicas": int(search_replicas),
+        "confirmation_replicas": int(confirm_replicas),
+        "grids_and_score_fit_replicas": DEFAULT_REPLICAS,
         "study_and_confirmation_seed": 0,
         "grids_and_score_fit_seed": int(seed),
     }
@@ -201,6 +204,7 @@ def _policy_entry(result: Any, role: str, policy: dict[str, Any] | str) -> dict[
         "policy": policy,
         "mean_al": float(result.mean_al),
         "refreshes_per_1k": float(result.refreshes_per_1k),
+        "replicas": int(result.replicas),
         "refreshes_total": int(round(refreshes.sum())),
         "committed_total": int(round(committed.sum())),
         "al_by_position": _macro_by_position(np.asarray(result.al_by_position, dtype=np.float64)),
@@ -385,6 +389,8 @@ def calibrate(
     cache: dict[str, Any] | None = None,
     schedule: dict[str, Any] | None = None,
     margin: float = DEFAULT_MARGIN,
+    search_replicas: int = SEARCH_REPLICAS,
+    confirm_replicas: int = DEFAULT_REPLICAS,
 ) -> CalibrationResult:
     """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
 
@@ -398,6 +404,9 @@ def calibrate(
     the chosen point, the verdict), ``None`` silences them. ``signals`` restricts the signals the
     search may use (default: all five, ``query_drift`` only when the traces carry it). ``margin``:
     the non-inferiority margin of "AL kept", a fraction of the reference's confirmation AL.
+    ``search_replicas`` / ``confirm_replicas``: replay's sampling replicas at T > 0 in the study
+    (default 1: every trial sees the same uniforms, so comparisons stay paired and a trial costs a
+    quarter) and in the confirmation (default 4, the spread the verdict reads); ignored at T = 0.
     """
     t0 = time.monotonic()
     report = _Progress(progress)
@@ -414,6 +423,10 @@ def calibrate(
         raise CalibrationError(f"families must be a non-empty subset of {list(FAMILIES)}, got {list(families)}")
     if trials < 0:
         raise CalibrationError(f"trials must be non-negative, got {trials}")
+    if search_replicas < 1 or confirm_replicas < 1:
+        raise CalibrationError(
+            f"replicas must be >= 1, got search_replicas={search_replicas}, confirm_replicas={confirm_replicas}"
+        )
     if not 0.0 <= margin < 1.0:
         raise CalibrationError(f"margin must be a fraction of the reference AL in [0, 1), got {margin}")
     if signals is None:
@@ -473,7 +486,7 @@ def calibrate(
         n_trials=int(trials),
         seed=int(seed),
         space=space,
-        evaluator=PolicyEvaluator(sel_traces, fields, position_bin=position_bin),
+        evaluator=PolicyEvaluator(sel_traces, fields, position_bin=position_bin, replicas=search_replicas),
         baselines=baselines,
         timeout=timeout,
     )
@@ -510,7 +523,7 @@ def calibrate(
     chosen = op.chosen
     chosen_target: dict[str, Any] | str = chosen.label if chosen.baseline else chosen.policy
     rate_label = _matched_rate_baseline(task.evaluator, chosen.refreshes_per_1k)
-    conf_eval = PolicyEvaluator(conf_traces, fields, position_bin=position_bin)
+    conf_eval = PolicyEvaluator(conf_traces, fields, position_bin=position_bin, replicas=confirm_replicas)
     plan: list[tuple[str, str, dict[str, Any] | str]] = [
         ("chosen", ROLE_CHOSEN, chosen_target),
         (reference_label, ROLE_REFERENCE, reference_label),
@@ -606,6 +619,7 @@ def calibrate(
             "objectives": ["mean_al:maximize", "refreshes_per_1k:minimize"],
             "search_space": space.fingerprint(),
         },
+        "replay": _replay_sampling(traces, seed, search_replicas, confirm_replicas),
         "reference": reference_label,
         "chosen_trial": {
             "number": chosen.number,
@@ -641,7 +655,7 @@ def calibrate(
         "traces": trace_info,
         "splits": dict(splits.to_dict(), assignment=splits.assignment()),
         "signals": list(selected_signals),
-        "replay": _replay_sampling(traces, seed),
+        "replay": _replay_sampling(traces, seed, search_replicas, confirm_replicas),
         "grids": grids.to_dict(),
         "space": space.to_dict(),
         "study": {

@@ -52,6 +52,7 @@ RECORD_ATTR = "rift_ada"
 ProgressFn = Callable[[str, int, int | None], None]
 HEARTBEAT_INTERVAL_S = 2  # seconds between heartbeats of a trial being evaluated (RDB storages)
 GRACE_PERIOD_S = 10  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
+SEARCH_REPLICAS = 1  # replay replicas per study evaluation at T > 0 (common random numbers; see PolicyEvaluator)
 MAX_RETRIES = 3  # a trial whose evaluation kills its worker this often is given up (a new one is asked)
 
 
@@ -167,11 +168,17 @@ def _sqlite_creator(path: str) -> Callable[[], sqlite3.Connection]:
 
 @dataclass
 class PolicyEvaluator:
-    """Replays policies on one split; results are cached by the policy's canonical JSON."""
+    """Replays policies on one split; results are cached by the policy's canonical JSON.
+
+    ``replicas``: sampling replicas of replay at T > 0. Every policy sees the same seeded uniforms
+    (seed 0), so comparisons between policies are paired whatever the count; the study searches
+    with :data:`SEARCH_REPLICAS` and the confirmation uses replay's default (docs/calibration.md).
+    """
 
     traces: ProbeTraces
     controller_fields: dict[str, Any]
     position_bin: int = 256
+    replicas: int | None = None  # sampling replicas at T > 0 (None: replay's default); T = 0 is exact
     _cache: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def controller(self, policy: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +192,7 @@ class PolicyEvaluator:
         from rift_ada.policies.replay import replay_many
 
         targets = [p if isinstance(p, str) else self.controller(p) for p in policies]
-        return replay_many(self.traces, targets, position_bin=self.position_bin)
+        return replay_many(self.traces, targets, position_bin=self.position_bin, replicas=self.replicas)
 
     @staticmethod
     def _key(policy: dict[str, Any] | str) -> str:
@@ -205,7 +212,9 @@ class PolicyEvaluator:
             if key not in self._cache and key not in todo:
                 todo[key] = policy if isinstance(policy, str) else self.controller(policy)
         if todo:
-            results = replay_many(self.traces, list(todo.values()), position_bin=self.position_bin)
+            results = replay_many(
+                self.traces, list(todo.values()), position_bin=self.position_bin, replicas=self.replicas
+            )
             for key, result in zip(todo, results, strict=True):
                 self._cache[key] = (float(result.mean_al), float(result.refreshes_per_1k))
         return [self._cache[key] for key in keys]
@@ -238,7 +247,8 @@ class StudyTask:
         return self.n_trials + len(self.baselines)
 
     def fingerprint(self) -> str:
-        """Hash of what makes trials comparable: space, selection requests, baselines, controller fields.
+        """Hash of what makes trials comparable: space, selection requests, baselines, controller fields
+        and replay replicas.
 
         The trial budget is not part of it, so a later run with more trials extends the study."""
         blob = json.dumps(
@@ -247,6 +257,7 @@ class StudyTask:
                 "requests": [str(x) for x in self.evaluator.traces.requests["request_id"]],
                 "baselines": list(self.baselines),
                 "controller": self.evaluator.controller_fields,
+                "replicas": self.evaluator.replicas,
             },
             sort_keys=True,
             default=str,

@@ -1,9 +1,11 @@
 """Probe collection: one teacher-forced pass over a fixed target response, every arm per stride.
 
 The draft runs over the response stride by stride. A *canonical* cache stores the full draft KV
-(full attention) and rescores a selection at every stride boundary; the selection history gives
-each arm its working set: ``age:N`` uses the selection made N tokens before the stride, ``stat``
-the prefill selection, ``full`` everything. Each compressed arm keeps its own KV history (and
+(full attention): it gives the ``full`` arm, the prefill selection and the retained mass. At every
+stride boundary each compressed arm rescores a selection from its *own* history (its stored KV and
+its last ``obs_window`` queries, computed under its own working sets, as a closed-loop draft's
+refresh does); ``age:N`` uses the selection it made N tokens before the stride, ``stat`` the
+prefill selection, ``full`` everything. Each compressed arm keeps its own KV history (and
 recurrent state), computed under its own working sets as a closed-loop draft's would be, and all
 of them run as one batched forward per stride (batch = arms). Never a K-step draft loop: the cost
 is one pass per arm per stride, plus one rescoring.
@@ -148,7 +150,7 @@ def probe_request(
     arm_layers = arms_cache.budgeted_layers
 
     max_age_strides = max(arm_ages) // decision_stride
-    history: dict[int, list[torch.Tensor]] = {}  # stride -> selection per layer (made at its start)
+    history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) own selections
     arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
     full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
     stat_selection = [layer.compute_selection() for layer in layers]
@@ -158,11 +160,16 @@ def probe_request(
         n_new = min(decision_stride, n_out - first)
         position = start + first
         tokens = sequence[:, position : position + n_new]
-        history[stride] = [layer.compute_selection() for layer in layers] if stride else stat_selection
+        # Each age arm refreshes from its own history (its KV and its last obs_window queries, both
+        # computed under its own working sets), as a closed-loop draft does: one batched rescoring.
+        history[stride] = [layer.compute_selection() for layer in arm_layers] if stride else None
         history.pop(stride - max_age_strides - 1, None)
         window_start = max(0, position - layers[0].window + 1)
         arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
-        arm_selections = [history[s] for s in arm_refresh] + [stat_selection]
+        arm_selections = [
+            stat_selection if s == 0 else [selection[arm : arm + 1] for selection in history[s]]
+            for arm, s in enumerate(arm_refresh)
+        ] + [stat_selection]
         for index, (layer, arm_layer) in enumerate(zip(layers, arm_layers, strict=True)):
             working_set = _arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
             arm_layer.arm_selection, arm_layer.arm_valid, arm_layer.arm_prefix_limit = working_set

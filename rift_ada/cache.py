@@ -293,6 +293,8 @@ class BudgetedLayer(DynamicLayer):
         """Repeat the stored state ``repeats`` times along the batch (one history per probe arm)."""
         self.keys = self.keys[:1].repeat(repeats, 1, 1, 1)
         self.values = self.values[:1].repeat(repeats, 1, 1, 1)
+        if self.query_buffer is not None:
+            self.query_buffer = self.query_buffer[:1].repeat(repeats, 1, 1, 1)
 
     # ---- called from the attention function ------------------------------------------------
     def needs_probs(self, pending: PendingAttention) -> bool:
@@ -307,9 +309,6 @@ class BudgetedLayer(DynamicLayer):
         batch, n_heads, n_queries, head_dim = query.shape
         n_kv = self.keys.shape[1]
         grouped_sum = pre_rope_query.float().reshape(batch, n_kv, n_heads // n_kv, n_queries, -1).mean(2).sum(2)
-        if self.arm_selection is not None:
-            self.arm_query_sum = grouped_sum
-            return
         positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
         if self.query_buffer is None:
             self.query_buffer, self.query_positions = query, positions
@@ -318,6 +317,9 @@ class BudgetedLayer(DynamicLayer):
             self.query_positions = torch.cat([self.query_positions, positions])
         self.query_buffer = self.query_buffer[:, :, -self.policy.obs_window :]
         self.query_positions = self.query_positions[-self.policy.obs_window :]
+        if self.arm_selection is not None:  # probe arms: each arm's own queries score its own refreshes
+            self.arm_query_sum = grouped_sum
+            return
         self.query_sum = grouped_sum if self.query_sum is None else self.query_sum + grouped_sum
         self.query_count += n_queries
         if not self.prefilled and self.policy.selection == "h2o":

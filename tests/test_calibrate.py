@@ -377,3 +377,38 @@ def test_schedule_beyond_the_probe_arms_is_refused_before_the_study(tmp_path):
     with pytest.raises(CalibrationError, match=r"beyond the probe arms \(0\.\.256\): schedule\.max_age \(768\)"):
         _run(traces, tmp_path)
     assert not (tmp_path / "study.db").exists()
+
+
+def test_t1_study_searches_with_one_replica_and_confirms_with_the_default(tmp_path, monkeypatch):
+    from rift_ada.policies import replay as replay_module
+    from rift_ada.policies.replay import DEFAULT_REPLICAS
+
+    traces = synthetic_traces(30, 600, temperature=1.0, seed=4, arm_ages=(0, 32, 64, 128, 256, 512))
+    calls: list[tuple[frozenset[str], int | None]] = []
+    original = replay_module.replay_many
+
+    def spy(traces_arg, policies, **kwargs):
+        calls.append((frozenset(str(x) for x in traces_arg.requests["request_id"]), kwargs.get("replicas")))
+        return original(traces_arg, policies, **kwargs)
+
+    monkeypatch.setattr(replay_module, "replay_many", spy)
+    result = _run(traces, tmp_path, trials=6, schedule={"max_age": 512}, intervals=(32, 64, 256))
+    assignment = result.calibration["splits"]["assignment"]
+    selection = frozenset(r for r, split in assignment.items() if split == "selection")
+    confirmation = frozenset(r for r, split in assignment.items() if split == "confirmation")
+    assert {replicas for ids, replicas in calls if ids == selection} == {1}
+    assert {replicas for ids, replicas in calls if ids == confirmation} == {DEFAULT_REPLICAS}
+    policies = result.calibration["confirmation"]["policies"]
+    assert {entry["replicas"] for entry in policies.values()} == {DEFAULT_REPLICAS}
+    replay_info = result.controller["calibration"]["replay"]
+    assert replay_info["study_replicas"] == 1 and replay_info["confirmation_replicas"] == DEFAULT_REPLICAS
+    assert result.calibration["replay"] == replay_info
+    # The chosen trial's selection figures are replay with one replica on the selection split.
+    chosen = result.controller["calibration"]["chosen_trial"]
+    sel = traces.subset(np.array([i for i, r in enumerate(traces.requests["request_id"]) if str(r) in selection]))
+    baselines = result.controller["calibration"]["study"]["baselines"]
+    policy = chosen["label"] if chosen["label"] in baselines else result.controller
+    again = original(sel, [policy], replicas=1)[0]
+    assert again.mean_al == pytest.approx(chosen["selection"]["mean_al"], rel=1e-12)
+    with pytest.raises(CalibrationError, match="replicas must be >= 1"):
+        _run(traces, tmp_path / "bad", search_replicas=0)

@@ -81,6 +81,40 @@ def test_probe_self_speculation_full_arm_accepts_everything():
     np.testing.assert_array_equal(sampled.retained_mass, greedy.retained_mass)
 
 
+def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
+    """The age:0 arm is a draft refreshed at every stride start from its own KV and queries.
+
+    Reference: one budgeted draft cache, teacher-forced stride by stride, calling ``refresh()``
+    (which rescores from that cache's own stored KV and last queries, as the closed loop's refresh
+    does) before every stride but the first. A probe that scored the arms' selections on the
+    full-attention history instead disagrees with it (docs/calibration.md, Replay fidelity)."""
+    from rift_ada.cache import make_draft_cache
+
+    model = tiny_model("llama", seed=3)
+    prompt = _prompt(11, 64)
+    response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=80).tokens
+    policy = make_policy("rift-stat", budget=32, obs_window=8)
+    probed = probe_request(model, prompt, response, policy=policy, temperature=0.0, arm_ages=(0, 16))
+    cache = make_draft_cache(model, policy)
+    sequence = torch.tensor([prompt + response])
+    start = len(prompt) - 1
+    with torch.no_grad():
+        model(input_ids=sequence[:, :start], cache=cache, use_cache=True)
+        matches = []
+        for first in range(0, len(response), 8):
+            if first:
+                cache.refresh()
+            position = start + first
+            tokens = sequence[:, position : position + 8]
+            positions = torch.arange(position, position + tokens.shape[1])[None]
+            logits = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits[0]
+            expected = torch.tensor(response[first : first + tokens.shape[1]])
+            matches += (logits.argmax(-1) == expected).float().tolist()
+    age0 = probed.outcome[probed.arms.index("age:0")]
+    np.testing.assert_array_equal(age0, np.array(matches, dtype=np.float32))
+    assert not np.array_equal(age0, probed.outcome[probed.arms.index("stat")])  # refreshing matters here
+
+
 # --------------------------------------------------------------------------------------------
 # 3. A collection killed with SIGKILL resumes to the same traces as an uninterrupted run
 # --------------------------------------------------------------------------------------------

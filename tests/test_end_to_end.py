@@ -62,7 +62,7 @@ def test_show_and_evaluate_cli(demo_dir, tmp_path):
             "--policy",
             "full",
             "--closed",
-            str(out / "confirm" / "closed"),
+            str(out / "table"),  # the Table 1 methods ran here (stat and full among them)
             "--out",
             str(tmp_path / "eval.json"),
         ],

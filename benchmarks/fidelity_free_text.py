@@ -1,0 +1,170 @@
+"""T > 0: is replay's gap to the free-running loop about the text, or about how rounds fall on it?
+
+    .venv/bin/python benchmarks/fidelity_free_text.py runs/fid-t1      # a benchmarks/fidelity.py --temp 1 run
+
+Reruns the free-running `stat` loop of the run (same seeds, so the same text and rounds as its
+closed loop), probes the loop's *own* committed text (instead of the target's sampled response)
+and compares, on the same requests:
+
+1. the loop's AL;
+2. replay of `stat` on the target's text (the run's fidelity.json);
+3. replay of `stat` on the loop's own text (acceptance sampled per position, ``--replicas``);
+4. the expected AL of each loop round from the probe's acceptance probabilities on the loop's
+   text, taken at the positions where the loop's rounds actually started.
+
+(2) vs (3) isolates the text; (3) vs (4) isolates where rounds start (replay starts a round after
+an independent Bernoulli failure; the loop starts one after a token drawn from the residual
+max(p - q, 0), a token the draft found unlikely). Last, a calibration check: every draft the loop
+verified (accepted ones and the first rejected one) is a Bernoulli trial whose probability, given
+the committed prefix, should be the probe's alpha at that position on the loop's text; the sum of
+those alphas is compared with the accepted count, for the first draft step and the later ones.
+``--loop-seeds`` instead reruns only the loop with other seeds: the spread of one sample path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.fidelity_rounds import predicted_al
+    from rift_ada import speculative
+    from rift_ada.calibrate.fidelity import reopen_fidelity
+    from rift_ada.collectors.collect import request_seed, resolve_closed_policy
+    from rift_ada.collectors.pipeline import run_collection
+    from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.policies.replay import replay
+    from rift_ada.speculative import speculative_generate
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument(
+        "--loop-seeds",
+        default="",
+        help="only rerun the free-running stat loop with these seeds (comma separated): mean AL per seed vs replay",
+    )
+    args = parser.parse_args(argv)
+    case, record, setup = reopen_fidelity(args.run)
+    rows = {row["policy"]: row for row in record["rows"]}
+    pair, requests, settings, targets = setup.pair, setup.requests, setup.settings, setup.targets
+    by_id = {row["request_id"]: row for row in targets}
+    stat = resolve_closed_policy("stat", settings)
+
+    def free_running_stat(target: dict, seed: int):
+        """The run's free-running `stat` loop on one request (the closed loop's seeds when ``seed`` is the run's)."""
+        return speculative_generate(
+            pair.draft,
+            list(target["prompt_token_ids"]),
+            policy=stat.cache,
+            target_model=pair.target,
+            max_new_tokens=len(target["response_token_ids"]),
+            draft_length=settings.draft_length,
+            temperature=settings.temperature,
+            seed=request_seed(seed, target["request_id"]),
+        )
+
+    if args.loop_seeds:
+        per_seed = []
+        for seed in (int(x) for x in args.loop_seeds.split(",")):
+            als = []
+            for request in requests:
+                result = free_running_stat(by_id[request.request_id], seed)
+                als.append(len(result.tokens) / len(result.rounds))
+            per_seed.append(float(np.mean(als)))
+            print(f"seed {seed}: free-running stat mean AL {per_seed[-1]:.3f}", flush=True)
+        spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0
+        print(
+            f"over {len(per_seed)} seeds: {np.mean(per_seed):.3f} +- {spread:.3f} (sd), "
+            f"+- {spread / np.sqrt(len(per_seed)):.3f} (se); replay on the target text "
+            f"{rows['stat']['replay_al']:.3f} +- {rows['stat']['replay_al_std']:.3f} (sd over replicas)"
+        )
+        return 0
+    loop_rows, starts, loop_al = [], {}, {}
+    # The loop's own acceptance probability at every draft it verified: sum min(p, q) of the very
+    # distributions its rejection test used (recorded around speculative._verify).
+    loop_alpha: dict[str, dict[int, float]] = {}
+    verify = speculative._verify
+    current: dict[int, float] = {}
+
+    def recording_verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset):
+        for index, dist in enumerate(draft_dists):
+            target = speculative._probs(target_logits[index], temperature)
+            current[offset + index] = float(torch.minimum(target, dist).sum())
+        return verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
+
+    speculative._verify = recording_verify
+    for request in requests:
+        current = loop_alpha.setdefault(request.request_id, {})
+        target = by_id[request.request_id]
+        result = free_running_stat(target, settings.seed)
+        loop_rows.append({**target, "response_token_ids": list(result.tokens)})
+        starts[request.request_id] = [(r.position, r.al) for r in result.rounds]
+        loop_al[request.request_id] = len(result.tokens) / len(result.rounds)
+    speculative._verify = verify
+    out = args.run / "probe-loop-text"
+    if not (out / "manifest.json").exists():
+        run_collection(pair, requests, loop_rows, out, settings, mode="probe")
+    traces = read_probe_traces(out)
+    replayed = replay(traces, "stat", replicas=args.replicas, seed=case.seed)
+    arm = traces.arms.index("stat")
+    expected_at_loop_starts, actual_rounds = [], []
+    for r, rid in enumerate(traces.requests["request_id"]):
+        for position, al in starts[str(rid)]:
+            expected_at_loop_starts.append(
+                predicted_al(traces.outcome[r, arm], position, int(traces.osl[r]), traces.draft_length, True)
+            )
+            actual_rounds.append(al)
+    # Calibration of the probe's acceptance probabilities in the loop: every drafted position the
+    # loop verified (its accepted drafts and the first rejected one) is a Bernoulli trial whose
+    # probability, given the committed prefix, is the probe's alpha on the loop's own text.
+    by_step: dict[int, list[tuple[float, int]]] = {}
+    paired: list[tuple[float, float]] = []  # (probe alpha, loop alpha) at every verified draft
+    for r, rid in enumerate(traces.requests["request_id"]):
+        alpha = np.nan_to_num(traces.outcome[r, arm].astype(np.float64), nan=0.0)
+        for position, al in starts[str(rid)]:
+            for step in range(min(al, traces.draft_length)):  # drafts tested: accepted + the rejected one
+                if position + step < int(traces.osl[r]):
+                    by_step.setdefault(step, []).append((float(alpha[position + step]), int(step < al - 1)))
+                    paired.append((float(alpha[position + step]), loop_alpha[str(rid)][position + step]))
+    trials = [trial for step in sorted(by_step) for trial in by_step[step]]
+    ids = [str(x) for x in traces.requests["request_id"]]
+    loop_mean = float(np.mean([loop_al[rid] for rid in ids]))
+    figures = {
+        "loop_al": loop_mean,
+        "closed_al_in_run": rows["stat"]["closed_al"],
+        "replay_on_target_text": rows["stat"]["replay_al"],
+        "replay_on_loop_text": replayed.mean_al,
+        "replay_on_loop_text_std": replayed.mean_al_std,
+        "loop_mean_round_al": float(np.mean(actual_rounds)),
+        "expected_round_al_at_loop_starts": float(np.mean(expected_at_loop_starts)),
+        "mean_alpha_target_text": float(np.nanmean(read_probe_traces(args.run / "probe").outcome[:, arm])),
+        "mean_alpha_loop_text": float(np.nanmean(traces.outcome[:, arm])),
+    }
+    figures["tested_positions"] = float(len(trials))
+    figures["sum_alpha_tested"] = float(sum(a for a, _ in trials))
+    figures["accepted_tested"] = float(sum(x for _, x in trials))
+    first = by_step.get(0, [])
+    figures["first_step_mean_alpha"] = float(np.mean([a for a, _ in first])) if first else float("nan")
+    figures["first_step_accept_rate"] = float(np.mean([x for _, x in first])) if first else float("nan")
+    later = [trial for step in sorted(by_step) if step > 0 for trial in by_step[step]]
+    figures["later_steps_mean_alpha"] = float(np.mean([a for a, _ in later])) if later else float("nan")
+    figures["later_steps_accept_rate"] = float(np.mean([x for _, x in later])) if later else float("nan")
+    probe_alpha, own_alpha = np.array(paired).T
+    figures["loop_own_alpha_mean"] = float(own_alpha.mean())
+    figures["probe_alpha_same_positions"] = float(probe_alpha.mean())
+    figures["max_abs_alpha_difference"] = float(np.max(np.abs(probe_alpha - own_alpha)))
+    for key, value in figures.items():
+        print(f"{key:<34} {value:.3f}")
+    (args.run / "free_text.json").write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
