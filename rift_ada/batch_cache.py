@@ -115,6 +115,10 @@ class BatchedLayer(DynamicLayer):
             return self.rows[0].update(key_states, value_states)
         if all(row.attends_everything() for row in self.rows):
             return self._update_full(key_states, value_states, counts)
+        if n_new == 1 and all(count == 1 for count in counts):
+            slots = self._ring_slots()
+            if slots is not None:
+                return self._ring_step(key_states, value_states, slots)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         notes: list[PendingAttention | None] = []
         for index, (row, count) in enumerate(zip(self.rows, counts, strict=True)):
@@ -128,7 +132,7 @@ class BatchedLayer(DynamicLayer):
         sizes = [0 if part is None else part[0].shape[2] for part in parts]
         width = max(1, max(sizes))
         set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
-        if all(part is not None and size == width and row.returned_ring(part[0])
+        if all(part is not None and size == width and row.ring_keys() is part[0]
                for row, part, size in zip(self.rows, parts, sizes, strict=True)):  # fmt: skip
             return self._batched_rings(parts)  # type: ignore[arg-type]
         batch, n_kv, _, head_dim = key_states.shape
@@ -161,6 +165,34 @@ class BatchedLayer(DynamicLayer):
         width = max(1, max(sizes))
         set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
         return self.keys[:, :, :width], self.values[:, :, :width]
+
+    def _ring_slots(self) -> list[int] | None:
+        """Per row, the ring slot of a single-token step, when every row's ring is current and lives
+        in ``rings``; else None."""
+        rings = self.rings
+        if rings is None or rings[0].shape[0] != len(self.rows):
+            return None
+        slots = []
+        for index, row in enumerate(self.rows):
+            slot = row.ring_step_slot()
+            if slot is None or row.ring_keys().data_ptr() != rings[0][index].data_ptr():  # type: ignore[union-attr]
+                return None
+            slots.append(slot)
+        return slots
+
+    def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
+        """A single-token step of budgeted rows with current rings: two index writes for the batch."""
+        device = self.keys.device
+        rows = torch.arange(len(self.rows), device=device)
+        positions = torch.tensor([row.length for row in self.rows], device=device)
+        ring_slots = torch.tensor(slots, device=device)
+        keys, values = key_states[:, :, 0], value_states[:, :, 0]
+        self.keys[rows, :, positions], self.values[rows, :, positions] = keys, values
+        self.rings[0][rows, :, ring_slots], self.rings[1][rows, :, ring_slots] = keys, values  # type: ignore[index]
+        notes: list[PendingAttention | None] = [row.ring_step_done() for row in self.rows]
+        width = self.rings[0].shape[2]  # type: ignore[index]
+        set_pending(self.layer_idx, BatchPending(self, notes, [1] * len(notes), [width] * len(notes), 1))
+        return self.rings
 
     def _batched_rings(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Single-token steps: the rows' ring buffers as rows of one batch buffer (a row whose ring

@@ -247,15 +247,43 @@ class BudgetedLayer(DynamicLayer):
             ring[1][:, :, slot] = self.keys[:, :, first]
             ring[2][:, :, slot] = self.values[:, :, first]
         self._ring_length = self.length
-        pending = PendingAttention(
-            self, first, 1, full=False, window=window, window_start=window_start, n_selected=selection.shape[-1]
-        )
-        set_pending(self.layer_idx, pending)
+        set_pending(self.layer_idx, self._ring_note(first))
         return ring[1], ring[2]
 
-    def returned_ring(self, keys: torch.Tensor) -> bool:
-        """Whether ``keys`` (what `update` returned) is the [selection | window ring] buffer."""
-        return self._ring is not None and keys is self._ring[1]
+    def _ring_note(self, first: int) -> PendingAttention:
+        window_start = max(0, first - self.window + 1)
+        n_selected = self.selection.shape[-1]
+        return PendingAttention(
+            self, first, 1, full=False, window=self.window, window_start=window_start, n_selected=n_selected
+        )
+
+    def ring_step_slot(self) -> int | None:
+        """The ring slot the next single-token step writes when that write (and the stored KV's) is all
+        the step changes, i.e. `update` would take the ring path with a current ring; else None."""
+        ring = self._ring
+        if (
+            ring is None
+            or ring[0] is not self.selection
+            or self._ring_length != self.length
+            or self.arm_selection is not None
+            or self.force_full
+            or self.policy.selection == "h2o"
+            or self._is_prefix()
+            or self.length + 1 < self.window
+        ):
+            return None
+        return self.selection.shape[-1] + self.length % self.window
+
+    def ring_step_done(self) -> PendingAttention:
+        """Bookkeeping of a single-token step whose key and value a batch wrote into the stored KV
+        and the ring (at `ring_step_slot`): what `update` does besides those writes."""
+        first = self.length
+        self.length = self._ring_length = first + 1
+        return self._ring_note(first)
+
+    def ring_keys(self) -> torch.Tensor | None:
+        """The keys of the [selection | window ring] buffer (None: no ring yet)."""
+        return None if self._ring is None else self._ring[1]
 
     def adopt_ring(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Keep the ring in ``keys``/``values`` (same contents, e.g. a row of a batch's buffer) from now on."""
