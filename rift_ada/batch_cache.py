@@ -1,14 +1,16 @@
 """A batch of requests in one transformers cache: per request its own length, selection, window and policy.
 
-Design (ragged lengths): **per-row state, padded working sets, per-row masks.** Each request
-(row) of a full-attention layer is its own batch-1 `BudgetedLayer` (own stored KV, length,
-selection, window, query buffer, H2O scores, policy), so everything a request does alone it does
-the same way in a batch, and refreshing row i touches row i only. A batched forward feeds every
-row the same number of token slots with per-row position ids; `counts[i]` of them are real (the
-rest are right padding). `BatchedLayer.update` appends each row's real tokens to that row,
-gathers each row's working set, pads the sets to one length and stacks them; the attention
-function masks per row: a real query sees its row's band (window + selection, or everything up
-to itself for full rows), padding sees one dummy key and its output is ignored.
+Design (ragged lengths): **per-row state over one storage, per-row masks.** Each request (row) of
+a full-attention layer is its own batch-1 `BudgetedLayer` (own length, selection, window, query
+buffer, H2O scores, policy), so everything a request does alone it does the same way in a batch,
+and refreshing row i touches row i only; the rows' stored KV are views of one (batch, kv,
+capacity, d) tensor. A batched forward feeds every row the same number of token slots with
+per-row position ids; `counts[i]` of them are real (the rest are right padding). Full-policy rows
+(the target) are appended by index and attend over the shared storage; single-token draft steps
+with current rings write into a batch ring buffer; otherwise each row's `update` gathers its
+working set and the sets are padded and stacked (`BatchedLayer`). The attention function masks
+per row: a real query sees its row's band (window + selection, or everything up to itself for
+full rows), padding sees one dummy key and its output is ignored.
 
 Layers that are not budgeted (Qwen3.5 Gated DeltaNet, Nemotron-H Mamba) keep transformers' own
 batched states. A recurrent state cannot skip padding, so a ragged forward on a model with such
