@@ -1,14 +1,16 @@
 """A batch of requests in one transformers cache: per request its own length, selection, window and policy.
 
-Design (ragged lengths): **per-row state, padded working sets, per-row masks.** Each request
-(row) of a full-attention layer is its own batch-1 `BudgetedLayer` (own stored KV, length,
-selection, window, query buffer, H2O scores, policy), so everything a request does alone it does
-the same way in a batch, and refreshing row i touches row i only. A batched forward feeds every
-row the same number of token slots with per-row position ids; `counts[i]` of them are real (the
-rest are right padding). `BatchedLayer.update` appends each row's real tokens to that row,
-gathers each row's working set, pads the sets to one length and stacks them; the attention
-function masks per row: a real query sees its row's band (window + selection, or everything up
-to itself for full rows), padding sees one dummy key and its output is ignored.
+Design (ragged lengths): **per-row state over one storage, per-row masks.** Each request (row) of
+a full-attention layer is its own batch-1 `BudgetedLayer` (own length, selection, window, query
+buffer, H2O scores, policy), so everything a request does alone it does the same way in a batch,
+and refreshing row i touches row i only; the rows' stored KV are views of one (batch, kv,
+capacity, d) tensor. A batched forward feeds every row the same number of token slots with
+per-row position ids; `counts[i]` of them are real (the rest are right padding). Full-policy rows
+(the target) are appended by index and attend over the shared storage; single-token draft steps
+with current rings write into a batch ring buffer; otherwise each row's `update` gathers its
+working set and the sets are padded and stacked (`BatchedLayer`). The attention function masks
+per row: a real query sees its row's band (window + selection, or everything up to itself for
+full rows), padding sees one dummy key and its output is ignored.
 
 Layers that are not budgeted (Qwen3.5 Gated DeltaNet, Nemotron-H Mamba) keep transformers' own
 batched states. A recurrent state cannot skip padding, so a ragged forward on a model with such
@@ -32,7 +34,16 @@ import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, band_mask, pop_pending, set_pending
-from rift_ada.cache import BudgetedCache, BudgetedLayer, CacheError, layers_query_summary, layers_retained_mass
+from rift_ada.cache import (
+    BudgetedCache,
+    BudgetedLayer,
+    CacheError,
+    group_query_mean,
+    grow_positions,
+    grown_capacity,
+    layers_query_summary,
+    layers_retained_mass,
+)
 
 
 @dataclass
@@ -47,7 +58,15 @@ class BatchPending:
 
 
 class BatchedLayer(DynamicLayer):
-    """One full-attention layer of a batch: a batch-1 `BudgetedLayer` per row."""
+    """One full-attention layer of a batch: a batch-1 `BudgetedLayer` per row, over one shared storage.
+
+    The rows' stored KV live in one (batch, kv, capacity, d) tensor (``keys``/``values``); each
+    row's ``keys``/``values`` is a view of its slice, so a row appends in place and nothing is
+    re-stacked per step. Full-policy rows (the target) are served straight from it: new tokens
+    are written by index and attention reads ``keys[:, :, :longest]`` with per-row masks.
+    Budgeted rows gather their own working sets; for single-token steps their
+    [selection | window ring] buffers are kept as rows of one batch buffer (``rings``), so a
+    step writes one key per row instead of stacking every row's working set."""
 
     def __init__(self, rows: list[BudgetedLayer], layer_idx: int):
         super().__init__()
@@ -55,6 +74,34 @@ class BatchedLayer(DynamicLayer):
         self.layer_idx = layer_idx
         self.counts: list[int] | None = None
         self.is_initialized = True
+        self.rings: tuple[torch.Tensor, torch.Tensor] | None = None
+        first = rows[0].keys
+        capacity = max(row.keys.shape[2] for row in rows)
+        self.keys = first.new_zeros(len(rows), first.shape[1], capacity, first.shape[3])
+        self.values = rows[0].values.new_zeros(len(rows), first.shape[1], capacity, rows[0].values.shape[3])
+        for index, row in enumerate(rows):
+            self.keys[index, :, : row.length] = row.keys[0, :, : row.length]
+            self.values[index, :, : row.length] = row.values[0, :, : row.length]
+        self._point_rows()
+
+    def _point_rows(self) -> None:
+        for index, row in enumerate(self.rows):
+            row.keys, row.values = self.keys[index : index + 1], self.values[index : index + 1]
+            row.fit_scores(self.keys.shape[2])
+
+    def reserve(self, needed: int) -> None:
+        """Grow the shared storage (never a row alone: its view would leave the storage)."""
+        if needed > self.keys.shape[2]:
+            capacity = grown_capacity(self.keys.shape[2], needed)
+            self.keys, self.values = grow_positions(self.keys, capacity), grow_positions(self.values, capacity)
+            self._point_rows()
+
+    def keep(self, rows: Sequence[int]) -> None:
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.keys.device)
+        self.rows = [self.rows[i] for i in rows]
+        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+        self._point_rows()
+        self.rings = None
 
     def get_seq_length(self) -> int:
         return max(row.length for row in self.rows)
@@ -65,8 +112,15 @@ class BatchedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         n_new = key_states.shape[2]
         counts = self.counts or [n_new] * len(self.rows)
+        self.reserve(self.get_seq_length() + n_new)
         if len(self.rows) == 1 and counts[0] == n_new:  # one request: exactly the single-request path
             return self.rows[0].update(key_states, value_states)
+        if all(row.attends_everything() for row in self.rows):
+            return self._update_full(key_states, value_states, counts)
+        if n_new == 1 and all(count == 1 for count in counts):
+            slots = self._ring_slots()
+            if slots is not None:
+                return self._ring_step(key_states, value_states, slots)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         notes: list[PendingAttention | None] = []
         for index, (row, count) in enumerate(zip(self.rows, counts, strict=True)):
@@ -79,6 +133,10 @@ class BatchedLayer(DynamicLayer):
             notes.append(pop_pending(self.layer_idx))
         sizes = [0 if part is None else part[0].shape[2] for part in parts]
         width = max(1, max(sizes))
+        set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
+        if all(part is not None and size == width and row.ring_keys() is part[0]
+               for row, part, size in zip(self.rows, parts, sizes, strict=True)):  # fmt: skip
+            return self._batched_rings(parts)  # type: ignore[arg-type]
         batch, n_kv, _, head_dim = key_states.shape
         if all(size == width for size in sizes):
             keys = torch.cat([part[0] for part in parts], 0)  # type: ignore[index]
@@ -90,8 +148,68 @@ class BatchedLayer(DynamicLayer):
                 if part is not None:
                     keys[index, :, : sizes[index]] = part[0][0]
                     values[index, :, : sizes[index]] = part[1][0]
-        set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
         return keys, values
+
+    def _update_full(self, key_states: torch.Tensor, value_states: torch.Tensor, counts: list[int]):
+        """Every row attends to all its stored keys: append by index, attend over the shared storage."""
+        n_new = key_states.shape[2]
+        device = self.keys.device
+        lengths = [row.length for row in self.rows]
+        positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(n_new, device=device)[None]
+        rows = torch.arange(len(self.rows), device=device)[:, None]
+        self.keys[rows, :, positions] = key_states.transpose(1, 2)  # padding lands past a row's length
+        self.values[rows, :, positions] = value_states.transpose(1, 2)
+        notes: list[PendingAttention | None] = []
+        for row, length, count in zip(self.rows, lengths, counts, strict=True):
+            row.length = length + count
+            notes.append(PendingAttention(row, length, count, full=True) if count else None)
+        sizes = [row.length if count else 0 for row, count in zip(self.rows, counts, strict=True)]
+        width = max(1, max(sizes))
+        set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
+        return self.keys[:, :, :width], self.values[:, :, :width]
+
+    def _ring_slots(self) -> list[int] | None:
+        """Per row, the ring slot of a single-token step, when every row's ring is current and lives
+        in ``rings``; else None."""
+        rings = self.rings
+        if rings is None or rings[0].shape[0] != len(self.rows):
+            return None
+        slots = []
+        for index, row in enumerate(self.rows):
+            slot = row.ring_step_slot()
+            if slot is None or row.ring_keys().data_ptr() != rings[0][index].data_ptr():  # type: ignore[union-attr]
+                return None
+            slots.append(slot)
+        return slots
+
+    def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
+        """A single-token step of budgeted rows with current rings: two index writes for the batch."""
+        device = self.keys.device
+        rows = torch.arange(len(self.rows), device=device)
+        positions = torch.tensor([row.length for row in self.rows], device=device)
+        ring_slots = torch.tensor(slots, device=device)
+        keys, values = key_states[:, :, 0], value_states[:, :, 0]
+        self.keys[rows, :, positions], self.values[rows, :, positions] = keys, values
+        self.rings[0][rows, :, ring_slots], self.rings[1][rows, :, ring_slots] = keys, values  # type: ignore[index]
+        notes: list[PendingAttention | None] = [row.ring_step_done() for row in self.rows]
+        width = self.rings[0].shape[2]  # type: ignore[index]
+        set_pending(self.layer_idx, BatchPending(self, notes, [1] * len(notes), [width] * len(notes), 1))
+        return self.rings
+
+    def _batched_rings(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Single-token steps: the rows' ring buffers as rows of one batch buffer (a row whose ring
+        was rebuilt, after a refresh or a rollback, is copied in; the others are already there)."""
+        rings = self.rings
+        if rings is None or rings[0].shape[0] != len(parts) or rings[0].shape[2] != parts[0][0].shape[2]:
+            rings = self.rings = (torch.cat([part[0] for part in parts], 0), torch.cat([part[1] for part in parts], 0))
+            for index, row in enumerate(self.rows):
+                row.adopt_ring(rings[0][index : index + 1], rings[1][index : index + 1])
+            return rings
+        for index, (row, part) in enumerate(zip(self.rows, parts, strict=True)):
+            if part[0].data_ptr() != rings[0][index].data_ptr():
+                rings[0][index], rings[1][index] = part[0][0], part[1][0]
+                row.adopt_ring(rings[0][index : index + 1], rings[1][index : index + 1])
+        return rings
 
     def crop(self, tokens_to_remove: int) -> None:
         for row in self.rows:
@@ -170,11 +288,12 @@ def batched_attention(
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv = key.shape[1]
     group = n_heads // n_kv
+    group_mean = group_query_mean(pre_rope_query, n_kv)
     for index, note in enumerate(pending.rows):
         if note is not None:
             count = pending.counts[index]
             rows = slice(index, index + 1)
-            note.layer.record_queries(query[rows, :, :count], pre_rope_query[rows, :, :count], note)
+            note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
     mask = batch_mask(pending, n_kv, key.device)
     sinks = getattr(module, "sinks", None)
     needs_probs = any(note is not None and note.layer.needs_probs(note) for note in pending.rows)
@@ -275,7 +394,7 @@ class BatchedCache(BudgetedCache):
         index = torch.tensor(list(rows), dtype=torch.long)
         for position, layer in enumerate(self.layers):
             if isinstance(layer, BatchedLayer):
-                layer.rows = [layer.rows[i] for i in rows]
+                layer.keep(rows)
             else:
                 _select_rows(self.layers[position], index)
 

@@ -44,6 +44,23 @@ class LayerState:
     heavy_scores: torch.Tensor | None
 
 
+def grown_capacity(capacity: int, needed: int) -> int:
+    return max(needed, 2 * capacity)
+
+
+def grow_positions(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``tensor`` (b, kv, n, ...) zero-padded along the positions (dim 2) to ``capacity``."""
+    shape = list(tensor.shape)
+    shape[2] = capacity - tensor.shape[2]
+    return torch.cat([tensor, tensor.new_zeros(shape)], 2)
+
+
+def group_query_mean(pre_rope_query: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """(b, h, q, d) pre-RoPE queries -> (b, kv, q, d) float mean over each KV group's heads."""
+    batch, n_heads, n_queries, _ = pre_rope_query.shape
+    return pre_rope_query.float().reshape(batch, n_kv, n_heads // n_kv, n_queries, -1).mean(2)
+
+
 class BudgetedLayer(DynamicLayer):
     """Full stored KV plus a per-head working set of at most ``policy.budget`` positions."""
 
@@ -82,19 +99,21 @@ class BudgetedLayer(DynamicLayer):
         self.values = value_states.new_zeros(batch, n_kv, capacity, value_states.shape[-1])
         self.is_initialized = True
 
+    def reserve(self, needed: int) -> None:
+        """Make room for ``needed`` stored positions (at least doubling the capacity when it grows)."""
+        if needed > self.keys.shape[2]:
+            capacity = grown_capacity(self.keys.shape[2], needed)
+            self.keys, self.values = grow_positions(self.keys, capacity), grow_positions(self.values, capacity)
+        self.fit_scores(self.keys.shape[2])
+
+    def fit_scores(self, capacity: int) -> None:
+        """Keep H2O's accumulated scores as long as the stored KV."""
+        if self.heavy_scores is not None and self.heavy_scores.shape[2] < capacity:
+            self.heavy_scores = grow_positions(self.heavy_scores, capacity)
+
     def _append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         needed = self.length + key_states.shape[2]
-        if needed > self.keys.shape[2]:
-            capacity = max(needed, 2 * self.keys.shape[2])
-            grow = capacity - self.keys.shape[2]
-            self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], grow, self.keys.shape[3])], 2)
-            self.values = torch.cat(
-                [self.values, self.values.new_zeros(*self.values.shape[:2], grow, self.values.shape[3])], 2
-            )
-            if self.heavy_scores is not None:
-                self.heavy_scores = torch.cat(
-                    [self.heavy_scores, self.heavy_scores.new_zeros(*self.heavy_scores.shape[:2], grow)], 2
-                )
+        self.reserve(needed)
         if self._gathered is not None and self.length < self._gathered[3]:
             self._gathered = self._ring = None  # a selected position is written again (a rollback went below it)
         self.keys[:, :, self.length : needed] = key_states
@@ -228,11 +247,47 @@ class BudgetedLayer(DynamicLayer):
             ring[1][:, :, slot] = self.keys[:, :, first]
             ring[2][:, :, slot] = self.values[:, :, first]
         self._ring_length = self.length
-        pending = PendingAttention(
-            self, first, 1, full=False, window=window, window_start=window_start, n_selected=selection.shape[-1]
-        )
-        set_pending(self.layer_idx, pending)
+        set_pending(self.layer_idx, self._ring_note(first))
         return ring[1], ring[2]
+
+    def _ring_note(self, first: int) -> PendingAttention:
+        window_start = max(0, first - self.window + 1)
+        n_selected = self.selection.shape[-1]
+        return PendingAttention(
+            self, first, 1, full=False, window=self.window, window_start=window_start, n_selected=n_selected
+        )
+
+    def ring_step_slot(self) -> int | None:
+        """The ring slot the next single-token step writes when that write (and the stored KV's) is all
+        the step changes, i.e. `update` would take the ring path with a current ring; else None."""
+        ring = self._ring
+        if (
+            ring is None
+            or ring[0] is not self.selection
+            or self._ring_length != self.length
+            or self.arm_selection is not None
+            or self.force_full
+            or self.policy.selection == "h2o"
+            or self._is_prefix()
+            or self.length + 1 < self.window
+        ):
+            return None
+        return self.selection.shape[-1] + self.length % self.window
+
+    def ring_step_done(self) -> PendingAttention:
+        """Bookkeeping of a single-token step whose key and value a batch wrote into the stored KV
+        and the ring (at `ring_step_slot`): what `update` does besides those writes."""
+        first = self.length
+        self.length = self._ring_length = first + 1
+        return self._ring_note(first)
+
+    def ring_keys(self) -> torch.Tensor | None:
+        """The keys of the [selection | window ring] buffer (None: no ring yet)."""
+        return None if self._ring is None else self._ring[1]
+
+    def adopt_ring(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keep the ring in ``keys``/``values`` (same contents, e.g. a row of a batch's buffer) from now on."""
+        self._ring = (self._ring[0], keys, values)
 
     def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
@@ -304,20 +359,35 @@ class BudgetedLayer(DynamicLayer):
     def wants_full_probs(self, pending: PendingAttention) -> bool:
         return self.mass_targets is not None and self.prefilled
 
-    def record_queries(self, query: torch.Tensor, pre_rope_query: torch.Tensor, pending: PendingAttention) -> None:
-        """Keep the latest ``obs_window`` post-RoPE queries and the pre-RoPE query sum per group."""
+    def attends_everything(self) -> bool:
+        """A prefilled full-policy layer outside the probe: each query sees every stored key up to itself."""
+        return self.policy.is_full and self.prefilled and self.arm_selection is None and self.mass_targets is None
+
+    def record_queries(
+        self,
+        query: torch.Tensor,
+        pre_rope_query: torch.Tensor | None,
+        pending: PendingAttention,
+        group_mean: torch.Tensor | None = None,
+    ) -> None:
+        """Keep the latest ``obs_window`` post-RoPE queries (for rescoring; a full policy never rescores,
+        so it keeps none) and the pre-RoPE query sum per group. ``group_mean``: `group_query_mean`
+        of ``pre_rope_query`` when the caller has it (a batch computes it once for all rows)."""
         batch, n_heads, n_queries, head_dim = query.shape
         n_kv = self.keys.shape[1]
-        grouped_sum = pre_rope_query.float().reshape(batch, n_kv, n_heads // n_kv, n_queries, -1).mean(2).sum(2)
-        positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
-        if self.query_buffer is None:
-            self.query_buffer, self.query_positions = query, positions
-        else:
-            self.query_buffer = torch.cat([self.query_buffer, query], 2)
-            self.query_positions = torch.cat([self.query_positions, positions])
-        self.query_buffer = self.query_buffer[:, :, -self.policy.obs_window :]
-        self.query_positions = self.query_positions[-self.policy.obs_window :]
-        if self.arm_selection is not None:  # probe arms: each arm's own queries score its own refreshes
+        if group_mean is None:
+            group_mean = group_query_mean(pre_rope_query, n_kv)
+        grouped_sum = group_mean.sum(2)
+        if not self.policy.is_full:  # probe arms keep theirs too: each arm's own queries score its own refreshes
+            positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
+            if self.query_buffer is None:
+                self.query_buffer, self.query_positions = query, positions
+            else:
+                self.query_buffer = torch.cat([self.query_buffer, query], 2)
+                self.query_positions = torch.cat([self.query_positions, positions])
+            self.query_buffer = self.query_buffer[:, :, -self.policy.obs_window :]
+            self.query_positions = self.query_positions[-self.policy.obs_window :]
+        if self.arm_selection is not None:
             self.arm_query_sum = grouped_sum
             return
         self.query_sum = grouped_sum if self.query_sum is None else self.query_sum + grouped_sum
