@@ -541,6 +541,19 @@ def _replay_on(probe_dir: Path, specs: list[str], request_ids: Sequence[str]) ->
     return [{key: row[key] for key in ("policy", "mean_al", "refreshes_per_1k")} for row in rows]
 
 
+def _source_commit() -> str | None:
+    """The git commit of the code that ran (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
 def run_bench(
     out_dir: str | Path,
     *,
@@ -609,6 +622,7 @@ def run_bench(
         "timings": dict(stages.timings),
         "wall_s": round(time.monotonic() - started, 1),
         "command": command,
+        "source_commit": _source_commit(),
     }
     summary = json_safe(summary)
     atomic_write_json(out / "bench.json", summary)

@@ -337,7 +337,8 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
         "",
         "Written by `rift-ada bench --results` at the end of the run below, not by hand.",
         "",
-        f"- Command: `{summary.get('command') or 'rift-ada bench'}`",
+        f"- Command: `{summary.get('command') or 'rift-ada bench'}`"
+        + (f" at commit `{summary['source_commit'][:12]}`" if summary.get("source_commit") else ""),
         f"- Finished: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} on "
         f"{summary['device']} with {torch.get_num_threads()} thread(s); {platform.python_implementation()} "
