@@ -97,8 +97,8 @@ class BenchSize:
                 problems.append(f"{name}: {age} is beyond the oldest probe arm ({oldest}); add an arm or lower it")
         if any(age % 8 for age in self.arm_ages):
             problems.append(f"arm_ages: must be multiples of the decision stride 8, got {list(self.arm_ages)}")
-        if self.table_requests is not None and self.table_requests < 1:
-            problems.append(f"table_requests: must be >= 1 or None, got {self.table_requests}")
+        if self.table_requests is not None and self.table_requests < 0:
+            problems.append(f"table_requests: must be >= 0 (0: no Table 1 methods) or None, got {self.table_requests}")
         if self.batch_size < 1:
             problems.append(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.min_isl > self.max_isl:
@@ -415,8 +415,9 @@ def run_cell(
     confirmation_ids = sorted(str(rid) for rid in calibration["confirmation"]["request_ids"])
     by_id = {request.request_id: request for request in requests}
     held_out = [by_id[rid] for rid in confirmation_ids]
+    # table_requests: None runs every Table 1 method on every confirmation request, N on the first N, 0 on none.
     table_ids = confirmation_ids[: size.table_requests] if size.table_requests else confirmation_ids
-    table_extra = _table_specs(size)
+    table_extra = _table_specs(size) if size.table_requests != 0 else []
 
     started = time.monotonic()
     confirmation = confirm_closed(

@@ -43,7 +43,7 @@ def bench(
     arm_ages: Annotated[str | None, typer.Option(help="Probe arm ages, comma separated (multiples of 8).")] = None,
     max_age: Annotated[int | None, typer.Option(help="Controller schedule max_age (<= the oldest arm).")] = None,
     table_requests: Annotated[
-        int | None, typer.Option(help="Confirmation requests that also run every Table 1 method (default: all).")
+        int | None, typer.Option(help="Confirmation requests running every Table 1 method (default: all; 0: none).")
     ] = None,
     batch_size: Annotated[
         int | None, typer.Option(help="Requests per batched forward (targets, probe, closed loop).")

@@ -124,6 +124,9 @@ def test_bad_sizes_are_refused_before_any_model_loads(tmp_path):
         bench_size("tiny", budgets=(64,))
     with pytest.raises(CalibrationError, match="max_age"):
         bench_size("full", output_tokens=2048, max_age=1024)
+    with pytest.raises(CalibrationError, match="table_requests"):
+        bench_size("tiny", table_requests=-1)
+    assert bench_size("tiny", table_requests=0).table_requests == 0  # 0: only the confirmation's three policies
     with pytest.raises(CalibrationError, match="unknown bench size"):
         bench_size("huge")
     outcome = CliRunner().invoke(app, ["bench", "--budgets", "128,x", "--out", str(tmp_path / "b")])
