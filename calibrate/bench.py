@@ -255,12 +255,10 @@ def _staleness(by_position: dict[str, Any], replay_rows: Sequence[dict[str, Any]
     return out
 
 
-def _oracle(probe_dir: Path, request_ids: Sequence[str], size: BenchSize, replay_rows: list[dict], ctl: str) -> dict:
+def _oracle(traces: Any, request_ids: Sequence[str], size: BenchSize, replay_rows: list[dict], ctl: str) -> dict:
     """The hindsight oracle's frontier on the confirmation requests and the controller's captured share (replay)."""
-    from rift_ada.collectors.trace_io import read_probe_traces
     from rift_ada.policies.oracle import captured_share, oracle_frontier
 
-    traces = read_probe_traces(probe_dir)
     ids = set(request_ids)
     keep = np.array([i for i, rid in enumerate(traces.requests["request_id"]) if str(rid) in ids])
     started = time.monotonic()
@@ -462,7 +460,7 @@ def run_cell(
     if f"periodic:{size.reference_interval}" not in replay_specs:
         replay_specs.insert(2, f"periodic:{size.reference_interval}")
     evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
-    held_out_replay = _replay_on(folder / "probe", replay_specs, confirmation_ids)
+    held_out_replay = _replay_on(traces, replay_specs, confirmation_ids)
     by_position = closed_by_position(closed_dirs)
     cell = {
         "fingerprint": fingerprint,
@@ -487,7 +485,7 @@ def run_cell(
         "replay_held_out": held_out_replay,
         "closed_by_position": by_position,
         "staleness": _staleness(by_position, held_out_replay),
-        "oracle": _oracle(folder / "probe", confirmation_ids, size, held_out_replay, controller_name),
+        "oracle": _oracle(traces, confirmation_ids, size, held_out_replay, controller_name),
         "signals": _signal_summary(calibration, controller),
         "timings": {k: v for k, v in stages.timings.items() if k.startswith(tag)},
     }
@@ -531,11 +529,9 @@ def closed_by_position(closed_dirs: Sequence[Path], bin_size: int = 32) -> dict[
     return {"bin_size": bin_size, "curves": curves}
 
 
-def _replay_on(probe_dir: Path, specs: list[str], request_ids: Sequence[str]) -> list[dict[str, Any]]:
-    from rift_ada.collectors.trace_io import read_probe_traces
+def _replay_on(traces: Any, specs: list[str], request_ids: Sequence[str]) -> list[dict[str, Any]]:
     from rift_ada.policies.evaluate import evaluate_policies
 
-    traces = read_probe_traces(probe_dir)
     ids = set(request_ids)
     keep = [index for index, rid in enumerate(traces.requests["request_id"]) if str(rid) in ids]
     rows = evaluate_policies(traces.subset(keep), specs)
