@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from rift_ada.atomic import atomic_write
 from rift_ada.calibrate.export import atomic_write_text
 
 STALENESS_PNG = "staleness_T{temperature:g}_B{budget}.png"
@@ -63,7 +64,7 @@ def plot_staleness(run: dict[str, Any], path: Path) -> None:
     axis.set_title(f"Staleness curve, closed loop, T = {run['temperature']:g}")
     axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=110, format="png"))
     plt.close(figure)
 
 

@@ -6,10 +6,10 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from rift_ada.atomic import atomic_write_bytes, atomic_write_text
 from rift_ada.controller import DEFAULT_CACHE, DEFAULT_SCHEDULE, DEFAULT_SIGNALS, make_controller_dict
 
 __all__ = [
@@ -88,31 +88,6 @@ def sha256_json(obj: Any) -> str:
     """SHA-256 of the compact, key-sorted JSON of ``obj``."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a temporary file in the same folder, fsync it, then rename over ``path``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Atomic UTF-8 text write (see :func:`atomic_write_bytes`)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:

@@ -109,7 +109,8 @@ def reopen_fidelity(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any], 
 
 def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
     """Rows (policy, replay AL and spread, closed AL, relative gap, refreshes both ways); also fidelity.json."""
-    from rift_ada.collectors.collect import closed_results, collect_closed, save_json
+    from rift_ada.calibrate.export import atomic_write_json, json_safe
+    from rift_ada.collectors.collect import closed_results, collect_closed
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
 
@@ -119,7 +120,7 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     run_collection(pair, requests, targets, out / "probe", settings, mode="probe")
     gate = fidelity_gate(settings, max_age=max(case.arm_ages))
     gate_path = out / "gate.json"
-    save_json(gate_path, gate)
+    atomic_write_json(gate_path, gate)
     periodic = [f"periodic:{interval}" for interval in case.periodic]
     specs = ["stat", *periodic, str(gate_path)]
     collect_closed(
@@ -152,5 +153,5 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
                 "closed_refreshes": closed_refreshes,
             }
         )
-    save_json(out / "fidelity.json", {"case": case.__dict__, "model": model, "rows": rows})
+    atomic_write_json(out / "fidelity.json", json_safe({"case": case.__dict__, "model": model, "rows": rows}))
     return rows

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rift_ada.atomic import atomic_write
 from rift_ada.calibrate.export import atomic_write_text
 
 PARETO_PNG = "pareto.png"
@@ -138,7 +139,7 @@ def plot_pareto(calibration: dict[str, Any], path: str | os.PathLike[str]) -> Pa
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    atomic_write(path, lambda temporary: fig.savefig(temporary, format="png"))
     plt.close(fig)
     return Path(path)
 
@@ -166,7 +167,7 @@ def plot_al_by_position(calibration: dict[str, Any], path: str | os.PathLike[str
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best", framealpha=0.85)
     fig.tight_layout()
-    fig.savefig(path)
+    atomic_write(path, lambda temporary: fig.savefig(temporary, format="png"))
     plt.close(fig)
     return Path(path)
 

@@ -481,9 +481,9 @@ def evaluate(
             _report_partial(check_complete(directory, allow_partial=allow_partial), directory)
     results = evaluate_run(traces, specs, closed_dir=closed)
     if out is not None:
-        from rift_ada.collectors.collect import save_json
+        from rift_ada.calibrate.export import atomic_write_json, json_safe
 
-        save_json(out, results)
+        atomic_write_json(out, json_safe(results))
     if json_output:
         _print_json(results)
         return

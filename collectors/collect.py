@@ -7,7 +7,6 @@ machines (or GPUs) can fill one directory together.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -485,14 +484,3 @@ def closed_results(out_dir: str | Path) -> dict[str, dict[str, np.ndarray]]:
             "al": committed / np.maximum(n_rounds, 1),
         }
     return results
-
-
-def save_json(path: str | Path, data: Any) -> None:
-    """Write JSON atomically (temp name + rename)."""
-    import os
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=float))
-    os.replace(temporary, path)

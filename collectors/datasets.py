@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from rift_ada.atomic import atomic_write_text
+
 Tier = Literal["low", "high"]
 TIERS: tuple[str, ...] = ("low", "high")
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
@@ -788,20 +790,19 @@ def list_datasets() -> list[dict[str, str]]:
 
 def save_jsonl(requests: Iterable[Request], path: str | Path) -> Path:
     """Write requests as plain JSONL prompts (readable again by :func:`load_jsonl_prompts`)."""
-    path = Path(path)
-    with path.open("w", encoding="utf-8") as handle:
-        for request in requests:
-            record = {
-                "id": request.request_id,
-                "dataset": request.dataset,
-                "category": request.category,
-                "tier": request.tier,
-                "messages": request.prompt_messages,
-                "max_output_tokens": request.max_output_tokens,
-                "reference_response": request.reference_response,
-            }
-            handle.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
-    return path
+    lines = []
+    for request in requests:
+        record = {
+            "id": request.request_id,
+            "dataset": request.dataset,
+            "category": request.category,
+            "tier": request.tier,
+            "messages": request.prompt_messages,
+            "max_output_tokens": request.max_output_tokens,
+            "reference_response": request.reference_response,
+        }
+        lines.append(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+    return atomic_write_text(path, "".join(lines))
 
 
 __all__ = [

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rift_ada.atomic import atomic_write
 from rift_ada.collectors.datasets import DatasetError, Request, encode_prompt, encode_text, read_records
 from rift_ada.collectors.trace_io import package_versions
 
@@ -99,7 +98,7 @@ def _complete_row(row: Mapping[str, Any], meta: Mapping[str, Any], index: int) -
 
 
 def write_targets(path: str | Path, rows: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
-    """Write target rows atomically (temporary file + ``os.replace``); ``meta`` goes to schema metadata.
+    """Write target rows atomically (``rift_ada.atomic``); ``meta`` goes to schema metadata.
 
     ``target_model`` / ``temperature`` / ``seed`` missing from a row are taken from ``meta``.
     """
@@ -123,16 +122,7 @@ def write_targets(path: str | Path, rows: Iterable[Mapping[str, Any]], meta: Map
     except (pa.ArrowException, TypeError, ValueError) as error:
         raise TargetsError(f"{path}: cannot encode target rows ({error})") from error
     table = table.replace_schema_metadata({META_KEY: encoded_meta})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        pq.write_table(table, temporary, compression="zstd")
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda temporary: pq.write_table(table, temporary, compression="zstd"))
     return path
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rift_ada.atomic import atomic_write_text
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.lease import LeaseHeldError, ShardLease
 from rift_ada.collectors.targets_io import TargetsError, read_targets, write_targets
@@ -68,7 +69,7 @@ def generation_meta(
 def _check_settings(parts_dir: Path, meta: dict[str, Any]) -> None:
     path = parts_dir / SETTINGS_NAME
     if not path.exists():
-        path.write_text(json.dumps(meta, sort_keys=True))
+        atomic_write_text(path, json.dumps(meta, sort_keys=True))
         return
     existing = json.loads(path.read_text())
     differences = [

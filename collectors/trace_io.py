@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rift_ada.atomic import atomic_write_bytes
 from rift_ada.collectors.lease import LeaseHeldError, ShardLease, describe_holder, read_lease
 from rift_ada.collectors.probe_traces import REQUEST_COLUMNS, ProbeTraces, arm_age
 
@@ -237,20 +238,6 @@ def targets_problems(manifest: Mapping[str, Any], target: str, temperature: floa
 # --------------------------------------------------------------------------------------------
 # Atomic files and parts
 # --------------------------------------------------------------------------------------------
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling, fsync, then ``os.replace`` it onto ``path``."""
-    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def _json_bytes(data: Any) -> bytes:
@@ -542,7 +529,7 @@ class TraceWriter:
                 )
             self.manifest: dict[str, Any] = existing
         else:
-            _atomic_write(manifest_path, _json_bytes(new_manifest))
+            atomic_write_bytes(manifest_path, _json_bytes(new_manifest))
             self.manifest = new_manifest
         try:
             self._lease = ShardLease.acquire(self.trace_dir / LEASES_DIR, self.shard_tag)
@@ -676,7 +663,7 @@ class TraceWriter:
         files: dict[str, dict[str, Any]] = {}
         for kind, table in arrow_tables.items():
             data = _parquet_bytes(table, kind, self.mode, self.compression)
-            _atomic_write(staging / f"{part_id}.{kind}.parquet", data)
+            atomic_write_bytes(staging / f"{part_id}.{kind}.parquet", data)
             files[kind] = {
                 "file": f"{kind}/{part_id}.parquet",
                 "rows": table.num_rows,
@@ -692,7 +679,7 @@ class TraceWriter:
             "request_ids": sorted(request_ids),
             "files": files,
         }
-        _atomic_write(self.trace_dir / COMMITS_DIR / f"{part_id}.json", _json_bytes(record))  # the commit point
+        atomic_write_bytes(self.trace_dir / COMMITS_DIR / f"{part_id}.json", _json_bytes(record))  # the commit point
         part = _Part(part_id, self.trace_dir / COMMITS_DIR / f"{part_id}.json", tuple(request_ids), files)
         _roll_forward(self.trace_dir, [part])
         self._completed.update(request_ids)
@@ -735,14 +722,14 @@ def upgrade_layout(trace_dir: str | Path) -> int:
             files[kind] = {**info, "file": f"{kind}/{part.part_id}.parquet"}
         record = json.loads(part.commit_path.read_text(encoding="utf-8"))
         record.update(files=files, format=FORMAT, version=VERSION)
-        _atomic_write(trace_dir / COMMITS_DIR / f"{part.part_id}.json", _json_bytes(record))
+        atomic_write_bytes(trace_dir / COMMITS_DIR / f"{part.part_id}.json", _json_bytes(record))
         part.commit_path.unlink()
         moved += 1
     if any(parts_dir.iterdir()):  # uncommitted or stray files: kept aside, out of every reader's way
         parts_dir.rename(trace_dir / f"_v1-leftovers-{uuid.uuid4().hex[:8]}")
     else:
         parts_dir.rmdir()
-    _atomic_write(trace_dir / MANIFEST_NAME, _json_bytes({**manifest, "version": VERSION}))
+    atomic_write_bytes(trace_dir / MANIFEST_NAME, _json_bytes({**manifest, "version": VERSION}))
     return moved
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rift_ada.atomic import atomic_write_text
 from rift_ada.controller import (
     CONTROLLER_FORMAT,
     CONTROLLER_VERSION,
@@ -188,7 +189,7 @@ def write_copies() -> list[Path]:
     """Write the package and docs copies; returns their paths."""
     text = schema_text()
     for path in (PACKAGE_COPY, DOCS_COPY):
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
     return [PACKAGE_COPY, DOCS_COPY]
 
 

@@ -219,13 +219,13 @@ def test_version():
 def test_full_disk_during_a_command_is_one_line_naming_the_file(probe_dir, tmp_path, monkeypatch):
     import errno
 
-    import rift_ada.collectors.collect as collect
+    import rift_ada.atomic as atomic
 
     target = tmp_path / "results.json"
 
-    def disk_full(path, data):
+    def disk_full(path, write):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(collect, "save_json", disk_full)
+    monkeypatch.setattr(atomic, "atomic_write", disk_full)
     line = one_error_line(invoke(["evaluate", "--traces", probe_dir, "--out", target])[0])
     assert line == f"error: {target}: no space left on device"

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from rift_ada.calibrate.bootstrap import _paired_interval
-from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed, save_json
+from rift_ada.calibrate.export import atomic_write_json, atomic_write_text, json_safe
+from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed
 from rift_ada.collectors.pipeline import ensure_targets, load_pair
 from rift_ada.models import load_model
 from rift_ada.train.config import TrainConfig
@@ -179,8 +180,8 @@ def evaluate_runs(
         del model
     result = summarize(per_draft, settings, labels, reference)
     result.update({"runs": [str(run) for run in run_dirs], "requests": sorted(held_out), "settings": settings.__dict__})
-    save_json(out_dir / "eval.json", result)
-    (out_dir / "eval.md").write_text(result["markdown"])
+    atomic_write_json(out_dir / "eval.json", json_safe(result))
+    atomic_write_text(out_dir / "eval.md", result["markdown"])
     return result
 
 

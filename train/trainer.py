@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from rift_ada.collectors.collect import save_json
+from rift_ada.atomic import atomic_write
+from rift_ada.calibrate.export import atomic_write_json, json_safe
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
 from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import package_versions
@@ -158,10 +159,7 @@ def _save_checkpoint(path: Path, step: int, config: TrainConfig, student: Any, o
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
+    atomic_write(path, lambda temporary: torch.save(state, temporary))
 
 
 def _load_checkpoint(path: Path, config: TrainConfig, student: Any, optimizer: Any, scheduler: Any) -> int:
@@ -202,7 +200,7 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
         "architecture": preset.architecture,
         "training": training,
     }
-    save_json(staging / TRAINED_DRAFT_FILE, meta)
+    atomic_write_json(staging / TRAINED_DRAFT_FILE, json_safe(meta))
     if out_dir.exists():
         import shutil
 
@@ -334,7 +332,7 @@ def train(
         "versions": {**package_versions(), "peft": _peft_version()},
         "command_line": list(sys.argv),
     }
-    save_json(out_dir / "train.json", manifest)
+    atomic_write_json(out_dir / "train.json", json_safe(manifest))
     provenance = {"run": str(out_dir.resolve()), "steps": config.steps, "mask": config.mask}
     model_dir = save_trained_draft(models, out_dir / "model", provenance)
     return TrainResult(out_dir, model_dir, config.steps, first, last, seconds)
