@@ -14,6 +14,7 @@ import argparse
 import time
 
 from rift_ada.calibrate.fidelity import FidelityCase, measure_fidelity
+from rift_ada.memory import cap_heap_growth
 
 
 def main() -> None:
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
     case = FidelityCase(
         n_requests=args.requests,
         output_tokens=args.tokens,

@@ -81,6 +81,9 @@ def _root(
     ] = False,
 ) -> None:
     """Calibrate adaptive KV-refresh controllers (RIFT-ada) for speculative-decoding drafts."""
+    from rift_ada.memory import cap_heap_growth
+
+    cap_heap_growth()  # long probes and loops otherwise grow glibc's heap by GBs (rift_ada/memory.py)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 import pytest  # noqa: E402
 
+from rift_ada.memory import cap_heap_growth  # noqa: E402
+
+cap_heap_growth()  # as the CLI does: model tests otherwise grow glibc's heap by GBs
+
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
