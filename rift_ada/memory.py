@@ -4,7 +4,7 @@ glibc serves a freed large block's size from the heap from then on (its mmap thr
 dynamically up to 32 MiB), and the heap of a long probe or closed loop, full of tensors of
 ever-changing sizes, then fragments without returning memory to the system: a 400-token probe of
 SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed 1 MiB threshold serves every larger
-block by mmap, returned on free: 1.9 GB, and 27 % faster (docs/performance.md, "Memory").
+block by mmap, returned on free: 1.9 GB, and 10–33 % faster (docs/performance.md, "Memory").
 """
 
 from __future__ import annotations
