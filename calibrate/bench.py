@@ -434,8 +434,8 @@ def run_cell(
         on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
     )
     closed_dirs = [Path(confirmation.run_dir)]
-    ran = set(closed_results(confirmation.run_dir))  # the reference's periodic run is also a Table 1 row
-    table_only = [spec for spec in table_extra if spec not in ran]
+    totals: dict[str, dict[str, np.ndarray]] = dict(closed_results(confirmation.run_dir))
+    table_only = [spec for spec in table_extra if spec not in totals]  # e.g. the reference's periodic run
     if table_ids != confirmation_ids and table_only:
         from rift_ada.collectors.collect import collect_closed
 
@@ -452,12 +452,10 @@ def run_cell(
             batch_size=size.batch_size,
         )
         closed_dirs.append(folder / "table")
+        for label, data in closed_results(folder / "table").items():
+            totals.setdefault(label, data)
     stages.timed(f"{tag} closed loop", time.monotonic() - started)
     calibration = attach_closed_confirmation(folder / "calibration", confirmation)
-    totals: dict[str, dict[str, np.ndarray]] = {}
-    for closed_dir in closed_dirs:
-        for label, data in closed_results(closed_dir).items():
-            totals.setdefault(label, data)
     table = _closed_rows(totals, table_ids)
     controller_name = str(controller["name"])
     replay_specs = ["stat", "full", *[f"periodic:{d}" for d in size.table_intervals], str(controller_path)]
