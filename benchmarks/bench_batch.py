@@ -7,6 +7,8 @@ Both variants run the same requests in the same process, interleaved (batch 1 = 
 time through the same functions), and must give the same tokens; the ratio of their tokens/s is
 what `docs/performance.md` records ("Batches"). Wall time includes each request's prefill (a
 request prefills alone in both variants), so the ratio is an end-to-end one.
+With ``--requests`` above ``--batch`` the closed loop also runs with continuous batching (a
+finished request's slot goes to the next waiting one) beside lockstep batches of the same size.
 Torch runs on 1 thread by default (a shared 2-core machine); the load average is printed.
 """
 
@@ -76,17 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     responses = gen[1][1]
     policy = make_policy("rift-stat", budget=args.budget)
 
-    def closed(batch: int) -> tuple[float, list]:
+    def closed(batch: int, continuous: bool = False) -> tuple[float, list]:
         requests = [
             BatchRequest(p, policy, seed=args.seed + i, refresh_hook=PeriodicRefresh(args.refresh), forced_tokens=r)
             for i, (p, r) in enumerate(zip(prompts, responses, strict=True))
         ]
-        start, out = time.perf_counter(), []
+        start = time.perf_counter()
+        if continuous:
+            out = speculative_generate_batch(model, requests, temperature=args.temperature, max_batch=batch)
+            return time.perf_counter() - start, out
+        out = []
         for first in range(0, len(requests), batch):
             out += speculative_generate_batch(model, requests[first : first + batch], temperature=args.temperature)
         return time.perf_counter() - start, out
 
     loop = {batch: closed(batch) for batch in (1, args.batch)}
+    if args.requests > args.batch:  # continuous batching: a finished request's slot goes to the next one
+        loop["continuous"] = closed(args.batch, continuous=True)
     start = time.perf_counter()  # the prefills both variants pay (draft; the target shares it)
     for prompt in prompts:
         _start_row(model, model, BatchRequest(prompt, policy), torch.device(args.device))
@@ -125,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         f"batch 1 {n_tokens / loop[1][0]:.1f} tok/s, batch {args.batch} {n_tokens / loop[args.batch][0]:.1f} tok/s: "
         f"ratio {loop[1][0] / loop[args.batch][0]:.2f}x (goal >= 4x); identical runs {same}/{len(single)}"
     )
+    if "continuous" in loop:
+        same = sum(a.tokens == b.tokens for a, b in zip(single, loop["continuous"][1], strict=True))
+        continuous_s = loop["continuous"][0]
+        print(
+            f"  closed loop, continuous batching ({args.batch} slots, {args.requests} requests): "
+            f"{n_tokens / continuous_s:.1f} tok/s: ratio {loop[1][0] / continuous_s:.2f}x to batch 1, "
+            f"{loop[args.batch][0] / continuous_s:.2f}x to lockstep batches of {args.batch}; identical runs "
+            f"{same}/{len(single)}"
+        )
     decode = {batch: loop[batch][0] - prefill_s for batch in loop}
     print(
         f"  closed loop without the {prefill_s:.1f} s of prefills (measured separately): batch 1 "

@@ -338,8 +338,10 @@ def collect_closed(
 ) -> CollectionSummary:
     """Run the real draft/verify loop for every policy.
 
-    ``batch_size`` (request, policy) runs share each batched draft/verify forward
-    (`speculative_generate_batch`); every run's result equals running it alone.
+    Up to ``batch_size`` (request, policy) runs share each batched draft/verify forward, a
+    finished run's slot going to the next (`speculative_generate_batch`'s continuous
+    batching); every run's result equals running it alone. A request's trace part is written
+    as soon as all its policies have finished.
 
     Teacher-forced on the target responses by default. ``free_running`` (T > 0 ground truth)
     runs real rejection sampling instead, as many output tokens as the target response has;
@@ -369,40 +371,46 @@ def collect_closed(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     runs = [(request, policy) for request in todo for policy in resolved]
-    finished: dict[str, list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh]]] = {}
-    tokens = 0
-    for first in range(0, len(runs), batch_size):
-        chunk = runs[first : first + batch_size]
-        hooks = [ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True) for _, policy in chunk]
-        batch = []
-        for (request, policy), hook in zip(chunk, hooks, strict=True):
-            response_ids = list(by_id[request.request_id]["response_token_ids"])
-            batch.append(
-                BatchRequest(
-                    list(by_id[request.request_id]["prompt_token_ids"]),
-                    policy.cache,
-                    max_new_tokens=len(response_ids),
-                    seed=request_seed(settings.seed, request.request_id),
-                    refresh_hook=hook,
-                    forced_tokens=None if free_running else response_ids,
-                )
+    hooks = [ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True) for _, policy in runs]
+    batch = []
+    for (request, policy), hook in zip(runs, hooks, strict=True):
+        response_ids = list(by_id[request.request_id]["response_token_ids"])
+        batch.append(
+            BatchRequest(
+                list(by_id[request.request_id]["prompt_token_ids"]),
+                policy.cache,
+                max_new_tokens=len(response_ids),
+                seed=request_seed(settings.seed, request.request_id),
+                refresh_hook=hook,
+                forced_tokens=None if free_running else response_ids,
             )
-        results = speculative_generate_batch(
-            draft_model,
-            batch,
-            target_model=target_model,
-            draft_length=settings.draft_length,
-            temperature=settings.temperature,
         )
-        for (request, policy), result, hook in zip(chunk, results, hooks, strict=True):
-            finished.setdefault(request.request_id, []).append((policy, result, hook))
-        for request in {request.request_id: request for request, _ in chunk}.values():
-            if len(finished.get(request.request_id, [])) == len(resolved):
-                done = finished.pop(request.request_id)
-                n_out = _write_closed_request(writer, request, by_id[request.request_id], done)
-                tokens += n_out * len(resolved)
-                if on_request is not None:
-                    on_request(request.request_id, n_out)
+    finished: dict[str, list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh] | None]] = {}
+    tokens = 0
+
+    def write_when_complete(index: int, result: SpeculativeResult) -> None:
+        """A request's trace part is written once all its policies have finished (in policy order)."""
+        nonlocal tokens
+        request, policy = runs[index]
+        done = finished.setdefault(request.request_id, [None] * len(resolved))
+        done[index % len(resolved)] = (policy, result, hooks[index])
+        if all(entry is not None for entry in done):
+            del finished[request.request_id]
+            n_out = _write_closed_request(writer, request, by_id[request.request_id], done)  # type: ignore[arg-type]
+            tokens += n_out * len(resolved)
+            if on_request is not None:
+                on_request(request.request_id, n_out)
+
+    # Continuous batching: a (request, policy) run that finishes gives its slot to the next one.
+    speculative_generate_batch(
+        draft_model,
+        batch,
+        target_model=target_model,
+        draft_length=settings.draft_length,
+        temperature=settings.temperature,
+        max_batch=batch_size,
+        on_finish=write_when_complete,
+    )
     return CollectionSummary(
         str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}
     )

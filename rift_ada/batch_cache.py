@@ -19,8 +19,8 @@ back afterwards (`forward_rows`). Built-in sliding-window layers (GPT-OSS) are s
 `swa` BudgetedLayers of the same window (`BudgetedCache.own_sliding_windows`), because
 transformers' own sliding-window layer masks by one position common to the whole batch.
 
-Requests prefill alone (exactly as a single request does), then join: `BatchedCache.join`.
-Finished requests leave: `BatchedCache.keep_rows`.
+Requests prefill alone (exactly as a single request does), then join: `BatchedCache.join`, or
+`BatchedCache.add_rows` while the batch runs. Finished requests leave: `BatchedCache.keep_rows`.
 """
 
 from __future__ import annotations
@@ -373,6 +373,19 @@ class BatchedCache(BudgetedCache):
     def join(cls, model: torch.nn.Module, caches: Sequence[BudgetedCache]) -> BatchedCache:
         """Put prefilled single-request caches (same model) into one batch, in order."""
         return cls(model, caches)
+
+    def add_rows(self, caches: Sequence[BudgetedCache]) -> None:
+        """Append prefilled single-request caches as new rows (a request joins a running batch).
+
+        The shared storage is rebuilt once, with the existing rows' KV copied over; the rows keep
+        their own state (length, selection, window, query buffer), so a joining request changes
+        nothing for the others."""
+        for position, layer in enumerate(self.layers):
+            joining = [cache.layers[position] for cache in caches]
+            if isinstance(layer, BatchedLayer):
+                self.layers[position] = BatchedLayer(layer.rows + joining, position)
+            else:
+                self.layers[position] = _join_layers([layer, *joining])
 
     @property
     def batch_size(self) -> int:

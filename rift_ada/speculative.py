@@ -241,6 +241,8 @@ def speculative_generate_batch(
     draft_length: int = 11,
     temperature: float = 0.0,
     eos_token_id: int | None = None,
+    max_batch: int | None = None,
+    on_finish: Callable[[int, SpeculativeResult], None] | None = None,
 ) -> list[SpeculativeResult]:
     """Speculative decoding of a batch of requests (results in request order).
 
@@ -248,26 +250,55 @@ def speculative_generate_batch(
     generator; a round drafts and verifies every active request in batched forwards, and a
     request that reaches its limit (or EOS) leaves the batch. Per request the result equals
     running it alone with `speculative_generate` (same tokens, rounds and refreshes).
+
+    ``max_batch`` (default: all requests) is continuous batching: at most that many requests
+    run at once, and a waiting request (in order) takes the place of one that finished, so a
+    slow request holds only its own slot. ``on_finish(index, result)`` is called as each
+    request finishes (in finishing order).
     """
     for index, request in enumerate(requests):
         _check_request(request, index, draft_length)
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     target = target_model if target_model is not None else draft_model
     device = next(draft_model.parameters()).device
-    started = [_start_row(draft_model, target, request, device) for request in requests]
-    results = [row.result for row, _, _ in started]
-    active = [row for row, _, _ in started]
-    draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
-    target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
-    del started
-    while active:
+    slots = len(requests) if max_batch is None else max_batch
+    results: list[SpeculativeResult | None] = [None] * len(requests)
+    waiting = iter(range(len(requests)))
+    active: list[_Row] = []
+    indices: list[int] = []  # request index of each active row
+    draft_cache = target_cache = None
+    while True:
+        joining = [next(waiting, None) for _ in range(slots - len(active))]
+        joining = [index for index in joining if index is not None]
+        if joining:
+            started = [_start_row(draft_model, target, requests[index], device) for index in joining]
+            for index, (row, _, _) in zip(joining, started, strict=True):
+                results[index] = row.result
+            if active:
+                draft_cache.add_rows([cache for _, cache, _ in started])
+                target_cache.add_rows([cache for _, _, cache in started])
+            else:
+                draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
+                target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
+            active += [row for row, _, _ in started]
+            indices += joining
+            del started
+        if not active:
+            break
         done = _round(draft_model, target, draft_cache, target_cache, active, draft_length, temperature, eos_token_id)
         if any(done):
+            if on_finish is not None:
+                for index, row, finished in zip(indices, active, done, strict=True):
+                    if finished:
+                        on_finish(index, row.result)
             keep = [index for index, finished in enumerate(done) if not finished]
             active = [active[index] for index in keep]
+            indices = [indices[index] for index in keep]
             if active:
                 draft_cache.keep_rows(keep)
                 target_cache.keep_rows(keep)
-    return results
+    return results  # type: ignore[return-value]
 
 
 def _draft(

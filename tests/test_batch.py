@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -125,3 +127,38 @@ def test_batched_free_running_t1_keeps_the_target_distribution():
         assert chisquare(observed, expected).pvalue > 1e-3
         wrong = torch.cat([draft_probs[which][keep], draft_probs[which][~keep].sum()[None]]).numpy()
         assert chisquare(observed, wrong * n_runs / wrong.sum()).pvalue < 1e-3
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h"])
+def test_continuous_batching_equals_each_request_alone(architecture):
+    """With fewer slots than requests, waiting requests join the running batch as others finish."""
+    model = tiny_model(architecture, seed=7)
+    rounds: list[int] = []  # the request of every round, in the order the batch ran them
+    requests = [
+        dataclasses.replace(request, on_round=lambda _, index=index: rounds.append(index))
+        for index, request in enumerate(_mixed_requests(_prompt(45, 20)))
+    ]
+    finished: list[int] = []
+    batched = speculative_generate_batch(
+        model, requests, draft_length=4, max_batch=2, on_finish=lambda index, _: finished.append(index)
+    )
+    assert sorted(finished) == list(range(len(requests)))
+    spans = [(rounds.index(i), len(rounds) - 1 - rounds[::-1].index(i)) for i in range(len(requests))]
+    running = [sum(first <= at <= last for first, last in spans) for at in range(len(rounds))]
+    assert max(running) == 2  # never more than max_batch at once, and batched
+    joined_late = [
+        j for j in range(2, len(requests)) if any(spans[i][0] < spans[j][0] <= spans[i][1] for i in range(j))
+    ]
+    assert joined_late  # a waiting request joined while an earlier one was still running
+    for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
+        alone = _alone(model, request, draft_length=4)
+        label = f"{architecture} request {index}"
+        assert got.tokens == alone.tokens, label
+        assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
+        assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
+
+
+def test_max_batch_must_be_positive():
+    model = tiny_model("llama", seed=7)
+    with pytest.raises(ValueError, match="max_batch"):
+        speculative_generate_batch(model, _mixed_requests(_prompt(45, 20))[:1], max_batch=0)
