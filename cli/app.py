@@ -49,7 +49,11 @@ DtypeOption = Annotated[
     typer.Option(help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). Recorded in the manifest."),
 ]
 BatchSizeOption = Annotated[
-    int, typer.Option(min=1, help="Requests (closed mode: request x policy runs) decoded together.")
+    int,
+    typer.Option(
+        min=1,
+        help="Requests decoded together (closed mode: request x policy runs, a finished run's slot going to the next).",
+    ),
 ]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
 

@@ -131,8 +131,18 @@ def controller_schema() -> dict[str, Any]:
         ),
         "type": "object",
         "additionalProperties": False,
-        "required": ["format", "version", "name", "draft", "target", "temperature", "cache", "schedule", "signals",
-                     "policy"],  # fmt: skip
+        "required": [
+            "format",
+            "version",
+            "name",
+            "draft",
+            "target",
+            "temperature",
+            "cache",
+            "schedule",
+            "signals",
+            "policy",
+        ],  # fmt: skip
         "properties": {
             "format": {"const": CONTROLLER_FORMAT},
             "version": {"const": CONTROLLER_VERSION},
