@@ -33,14 +33,18 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.fidelity_rounds import predicted_al
+    from fidelity_rounds import predicted_al  # benchmarks/ (the script's own directory)
+
     from rift_ada import speculative
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import request_seed, resolve_closed_policy
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay
     from rift_ada.speculative import speculative_generate
+
+    cap_heap_growth()  # as the CLI does: without it a 6 x 512 run grew past 23 GB (docs/performance.md)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
