@@ -97,3 +97,41 @@ def test_t1_next_token_distribution_matches_target():
     # The same test rejects the draft's own distribution (a broken rule that accepts everything).
     wrong = torch.cat([draft_probs[keep], draft_probs[~keep].sum()[None]]).numpy() * n_runs
     assert chisquare(observed, wrong * observed.sum() / wrong.sum()).pvalue < 1e-3
+
+
+@pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+def test_t1_free_running_accepts_each_draft_with_probability_sum_min_p_q():
+    """Every draft the free-running loop verified is a Bernoulli trial with P = sum_x min(p, q) given the
+    committed prefix; the reference p, q come from plain full forwards over the committed text, and the
+    accepted counts must match their sums, for a round's first draft and for the later ones."""
+    import copy
+
+    from rift_ada.speculative import BatchRequest, speculative_generate_batch
+
+    target = tiny_model("llama", seed=22)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():  # a draft close to the target, so rounds often accept several drafts
+        weight = draft.get_output_embeddings().weight
+        weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=torch.Generator().manual_seed(5)))
+    prompts = [[3, 17, 42, 8, 9, 60, 1, 5], [11, 4, 70, 2, 33, 9, 12, 50, 6, 21]]
+    requests = [
+        BatchRequest(prompts[seed % 2], make_policy("full"), max_new_tokens=16, seed=seed) for seed in range(192)
+    ]
+    results = speculative_generate_batch(draft, requests, target_model=target, draft_length=4, temperature=1.0)
+    sums = {"first": [0.0, 0.0, 0.0], "later": [0.0, 0.0, 0.0]}  # accepted, sum alpha, sum alpha (1 - alpha)
+    with torch.no_grad():
+        for request, result in zip(requests, results, strict=True):
+            text = torch.tensor([request.prompt_ids + result.tokens])
+            p = torch.softmax(target(text).logits[0].double(), -1)
+            q = torch.softmax(draft(text).logits[0].double(), -1)
+            alpha = torch.minimum(p, q).sum(-1)  # alpha[i]: the draft of the token at text position i + 1
+            for record in result.rounds[:-1]:  # the last round's count is cut to the output limit
+                for step in range(min(record.accepted + 1, 4)):  # accepted drafts + the rejected one
+                    a = float(alpha[len(request.prompt_ids) - 1 + record.position + step])
+                    which = sums["first" if step == 0 else "later"]
+                    which[0] += step < record.accepted
+                    which[1] += a
+                    which[2] += a * (1 - a)
+    for name, (accepted, expected, variance) in sums.items():
+        assert variance > 20, name  # enough uncertain trials to test
+        assert abs(accepted - expected) < 4 * variance**0.5, (name, accepted, expected)
