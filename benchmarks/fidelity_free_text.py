@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from fidelity_rounds import predicted_al  # benchmarks/ (the script's own directory)
 
     from rift_ada import speculative
+    from rift_ada.calibrate.export import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import request_seed, resolve_closed_policy
     from rift_ada.collectors.pipeline import run_collection
@@ -103,18 +104,26 @@ def main(argv: list[str] | None = None) -> int:
             current[offset + index] = float(torch.minimum(target, dist).sum())
         return verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
 
-    speculative._verify = recording_verify
-    for request in requests:
-        current = loop_alpha.setdefault(request.request_id, {})
-        target = by_id[request.request_id]
-        result = free_running_stat(target, settings.seed)
-        loop_rows.append({**target, "response_token_ids": list(result.tokens)})
-        starts[request.request_id] = [(r.position, r.al) for r in result.rounds]
-        loop_al[request.request_id] = len(result.tokens) / len(result.rounds)
-    speculative._verify = verify
     out = args.run / "probe-loop-text"
-    if not (out / "manifest.json").exists():
-        run_collection(pair, requests, loop_rows, out, settings, mode="probe")
+    saved = out / "loop.json"  # the loop's results, so an interrupted run resumes at the probe
+    if saved.exists():
+        loop = json.loads(saved.read_text())
+        loop_rows, loop_al = loop["rows"], loop["al"]
+        starts = {rid: [tuple(s) for s in value] for rid, value in loop["starts"].items()}
+        loop_alpha = {rid: {int(k): v for k, v in value.items()} for rid, value in loop["alpha"].items()}
+    else:
+        speculative._verify = recording_verify
+        for request in requests:
+            current = loop_alpha.setdefault(request.request_id, {})
+            target = by_id[request.request_id]
+            result = free_running_stat(target, settings.seed)
+            loop_rows.append({**target, "response_token_ids": list(result.tokens)})
+            starts[request.request_id] = [(r.position, r.al) for r in result.rounds]
+            loop_al[request.request_id] = len(result.tokens) / len(result.rounds)
+        speculative._verify = verify
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(saved, json_safe({"rows": loop_rows, "al": loop_al, "starts": starts, "alpha": loop_alpha}))
+    run_collection(pair, requests, loop_rows, out, settings, mode="probe")  # resumes; no-op when complete
     traces = read_probe_traces(out)
     replayed = replay(traces, "stat", replicas=args.replicas, seed=case.seed)
     arm = traces.arms.index("stat")
