@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rift_ada.budget import make_policy
     from rift_ada.collectors.targets import ResponseRequest, generate_responses
+    from rift_ada.memory import cap_heap_growth
     from rift_ada.models import PRESETS, load_model
     from rift_ada.speculative import (
         FULL_POLICY,
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         speculative_generate_batch,
     )
 
+    cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
     load_before = os.getloadavg()[0]
     model, tokenizer = load_model(PRESETS[args.preset].draft, device=args.device, dtype=args.dtype)
     prompts = _prompts(tokenizer, args.requests, args.isl)
