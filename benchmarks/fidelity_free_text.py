@@ -18,7 +18,9 @@ max(p - q, 0), a token the draft found unlikely). Last, a calibration check: eve
 verified (accepted ones and the first rejected one) is a Bernoulli trial whose probability, given
 the committed prefix, should be the probe's alpha at that position on the loop's text; the sum of
 those alphas is compared with the accepted count, for the first draft step and the later ones.
-``--loop-seeds`` instead reruns only the loop with other seeds: the spread of one sample path.
+``--loop-seeds`` instead reruns only the loop with other seeds (all requests in one batch): the
+spread of one sample path, and per seed every verified draft against its sum min(p, q), by where
+it sits in a round (first draft after a rejection, after a fully accepted round, later drafts).
 """
 
 from __future__ import annotations
@@ -76,21 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     if args.loop_seeds:
-        per_seed = []
-        for seed in (int(x) for x in args.loop_seeds.split(",")):
-            als = []
-            for request in requests:
-                result = free_running_stat(by_id[request.request_id], seed)
-                als.append(len(result.tokens) / len(result.rounds))
-            per_seed.append(float(np.mean(als)))
-            print(f"seed {seed}: free-running stat mean AL {per_seed[-1]:.3f}", flush=True)
-        spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0
-        print(
-            f"over {len(per_seed)} seeds: {np.mean(per_seed):.3f} +- {spread:.3f} (sd), "
-            f"+- {spread / np.sqrt(len(per_seed)):.3f} (se); replay on the target text "
-            f"{rows['stat']['replay_al']:.3f} +- {rows['stat']['replay_al_std']:.3f} (sd over replicas)"
-        )
-        return 0
+        return _loop_seeds(args, requests, by_id, stat, pair, settings, rows["stat"])
     loop_rows, starts, loop_al = [], {}, {}
     # The loop's own acceptance probability at every draft it verified: sum min(p, q) of the very
     # distributions its rejection test used (recorded around speculative._verify).
@@ -176,6 +164,81 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in figures.items():
         print(f"{key:<34} {value:.3f}")
     (args.run / "free_text.json").write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> int:
+    """Rerun the free-running `stat` loop with other seeds (all requests in one batch): mean AL per
+    seed, and every verified draft's outcome against sum min(p, q) of the distributions its test
+    used, by where the draft sits (a round's first draft after a rejection, after a fully accepted
+    round, at a request's start; the later drafts of a round)."""
+    from rift_ada import speculative
+    from rift_ada.collectors.collect import request_seed
+    from rift_ada.speculative import BatchRequest, speculative_generate_batch
+
+    verify = speculative._verify
+    per_seed = []
+    for seed in (int(x) for x in args.loop_seeds.split(",")):
+        trials: dict[str, list[float]] = {}  # kind -> [drafts, accepted, sum alpha, sum alpha (1 - alpha)]
+        rejected_last: dict[int, bool] = {}  # per request (its generator): did its last round end in a rejection?
+
+        def recording_verify(
+            drafted,
+            draft_dists,
+            target_logits,
+            temperature,
+            generator,
+            forced,
+            offset,
+            trials=trials,
+            rejected_last=rejected_last,
+        ):
+            accepted, token = verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
+            before = rejected_last.get(id(generator))
+            for index in range(min(accepted + 1, len(drafted))):  # the accepted drafts and the rejected one
+                target = speculative._probs(target_logits[index], temperature)
+                alpha = float(torch.minimum(target, draft_dists[index]).sum())
+                kind = "later" if index else {None: "start", True: "after_rejection", False: "after_full"}[before]
+                row = trials.setdefault(kind, [0, 0, 0.0, 0.0])
+                row[0] += 1
+                row[1] += index < accepted
+                row[2] += alpha
+                row[3] += alpha * (1 - alpha)
+            rejected_last[id(generator)] = accepted < len(drafted)
+            return accepted, token
+
+        batch = [
+            BatchRequest(
+                list(by_id[request.request_id]["prompt_token_ids"]),
+                stat.cache,
+                max_new_tokens=len(by_id[request.request_id]["response_token_ids"]),
+                seed=request_seed(seed, request.request_id),
+            )
+            for request in requests
+        ]
+        speculative._verify = recording_verify
+        try:
+            results = speculative_generate_batch(
+                pair.draft,
+                batch,
+                target_model=pair.target,
+                draft_length=settings.draft_length,
+                temperature=settings.temperature,
+            )
+        finally:
+            speculative._verify = verify
+        per_seed.append(float(np.mean([len(r.tokens) / len(r.rounds) for r in results])))
+        print(f"seed {seed}: free-running stat mean AL {per_seed[-1]:.3f}", flush=True)
+        for kind in ("start", "after_rejection", "after_full", "later"):
+            n, accepted, expected, variance = trials.get(kind, [0, 0, 0.0, 0.0])
+            z = (accepted - expected) / variance**0.5 if variance > 0 else float("nan")
+            print(f"  {kind:<16} drafts {n:5d}  accepted {accepted:6d}  sum alpha {expected:8.1f}  z {z:+.2f}")
+    spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0
+    print(
+        f"over {len(per_seed)} seeds: {np.mean(per_seed):.3f} +- {spread:.3f} (sd), "
+        f"+- {spread / np.sqrt(len(per_seed)):.3f} (se); replay on the target text "
+        f"{replayed['replay_al']:.3f} +- {replayed['replay_al_std']:.3f} (sd over replicas)"
+    )
     return 0
 
 
