@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_batch.py                   # 8 requests, 96 output tokens, B = 256
     .venv/bin/python benchmarks/bench_batch.py --tokens 48 --isl 384 --dtype bfloat16
+    .venv/bin/python benchmarks/bench_batch.py --requests 16 --mixed    # + continuous batching, mixed ALs
 
 Both variants run the same requests in the same process, interleaved (batch 1 = one request at a
 time through the same functions), and must give the same tokens; the ratio of their tokens/s is
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isl", type=int, default=512, help="prompt tokens (longest request)")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--refresh", type=int, default=32, help="periodic refresh interval of the closed loop")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="every other closed-loop request never refreshes (stat): mixed ALs, as a confirmation's policies give",
+    )
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
@@ -82,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def closed(batch: int, continuous: bool = False) -> tuple[float, list]:
         requests = [
-            BatchRequest(p, policy, seed=args.seed + i, refresh_hook=PeriodicRefresh(args.refresh), forced_tokens=r)
+            BatchRequest(
+                p,
+                policy,
+                seed=args.seed + i,
+                refresh_hook=None if args.mixed and i % 2 else PeriodicRefresh(args.refresh),
+                forced_tokens=r,
+            )
             for i, (p, r) in enumerate(zip(prompts, responses, strict=True))
         ]
         start = time.perf_counter()
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                for a, b in zip(single, batched, strict=True))  # fmt: skip
     mean_al = sum(r.acceptance_length for r in single) / len(single)
     print(
-        f"  closed loop (rift-stat B = {args.budget}, periodic:{args.refresh}, teacher-forced, mean AL {mean_al:.2f}): "
+        f"  closed loop (rift-stat B = {args.budget}, periodic:{args.refresh}{' / stat' if args.mixed else ''}, "
+        f"teacher-forced, mean AL {mean_al:.2f}): "
         f"batch 1 {n_tokens / loop[1][0]:.1f} tok/s, batch {args.batch} {n_tokens / loop[args.batch][0]:.1f} tok/s: "
         f"ratio {loop[1][0] / loop[args.batch][0]:.2f}x (goal >= 4x); identical runs {same}/{len(single)}"
     )
