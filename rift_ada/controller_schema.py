@@ -15,6 +15,7 @@ from typing import Any
 
 from rift_ada.atomic import atomic_write_text
 from rift_ada.controller import (
+    _TOP_REQUIRED,
     CONTROLLER_FORMAT,
     CONTROLLER_VERSION,
     DEFAULT_CACHE,
@@ -131,18 +132,7 @@ def controller_schema() -> dict[str, Any]:
         ),
         "type": "object",
         "additionalProperties": False,
-        "required": [
-            "format",
-            "version",
-            "name",
-            "draft",
-            "target",
-            "temperature",
-            "cache",
-            "schedule",
-            "signals",
-            "policy",
-        ],  # fmt: skip
+        "required": list(_TOP_REQUIRED),  # the loader's own list
         "properties": {
             "format": {"const": CONTROLLER_FORMAT},
             "version": {"const": CONTROLLER_VERSION},
