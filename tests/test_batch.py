@@ -48,6 +48,16 @@ def _alone(model, request: BatchRequest, **kwargs):
     )
 
 
+def _assert_same_as_alone(model, request: BatchRequest, got, label: str) -> None:
+    """Tokens, accepted counts, refresh positions and draft entropies equal the request run alone."""
+    alone = _alone(model, request, draft_length=4)
+    assert got.tokens == alone.tokens, label
+    assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
+    assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
+    entropies = [value for r in got.rounds for value in r.draft_entropies]
+    assert entropies == pytest.approx([value for r in alone.rounds for value in r.draft_entropies], abs=1e-4)
+
+
 @pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss"])
 def test_each_request_of_a_batch_equals_the_request_alone(architecture):
     model = tiny_model(architecture, seed=7)
@@ -55,13 +65,7 @@ def test_each_request_of_a_batch_equals_the_request_alone(architecture):
     requests = _mixed_requests(forced)
     batched = speculative_generate_batch(model, requests, draft_length=4)
     for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
-        alone = _alone(model, request, draft_length=4)
-        label = f"{architecture} request {index}"
-        assert got.tokens == alone.tokens, label
-        assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
-        assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
-        entropies = [value for r in got.rounds for value in r.draft_entropies]
-        assert entropies == pytest.approx([value for r in alone.rounds for value in r.draft_entropies], abs=1e-4)
+        _assert_same_as_alone(model, request, got, f"{architecture} request {index}")
         assert len(got.tokens) == (len(forced) if request.forced_tokens else request.max_new_tokens)
     assert batched[5].tokens == forced
     refreshed = [[r.position for r in result.rounds if r.refreshed] for result in batched[:2]]
@@ -151,11 +155,7 @@ def test_continuous_batching_equals_each_request_alone(architecture):
     ]
     assert joined_late  # a waiting request joined while an earlier one was still running
     for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
-        alone = _alone(model, request, draft_length=4)
-        label = f"{architecture} request {index}"
-        assert got.tokens == alone.tokens, label
-        assert [r.accepted for r in got.rounds] == [r.accepted for r in alone.rounds], label
-        assert [r.position for r in got.rounds if r.refreshed] == [r.position for r in alone.rounds if r.refreshed]
+        _assert_same_as_alone(model, request, got, f"{architecture} request {index}")
 
 
 def test_max_batch_must_be_positive():
