@@ -16,6 +16,7 @@ text is the response, so runs of different policies see the same tokens.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -168,6 +169,7 @@ class _Row:
     limit: int
     pending: int
     cache_length: int
+    index: int = 0  # the request's position in the batch call's ``requests``
     since_refresh: int = 0
 
     @property
@@ -205,7 +207,9 @@ def _check_request(request: BatchRequest, index: int, draft_length: int) -> None
         raise ValueError(f"draft_length must be >= 1, got {draft_length}")
 
 
-def _start_row(draft_model: Any, target: Any, request: BatchRequest, device: torch.device) -> tuple[_Row, Any, Any]:
+def _start_row(
+    draft_model: Any, target: Any, request: BatchRequest, device: torch.device, index: int = 0
+) -> tuple[_Row, Any, Any]:
     """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
     prompt = request.prompt_ids
     draft_cache = row_cache(draft_model, request.policy)
@@ -228,6 +232,7 @@ def _start_row(draft_model: Any, target: Any, request: BatchRequest, device: tor
         limit,
         prompt[-1],
         len(prompt) - 1,
+        index,
     )
     return row, draft_cache, target_cache
 
@@ -266,15 +271,13 @@ def speculative_generate_batch(
     results: list[SpeculativeResult | None] = [None] * len(requests)
     waiting = iter(range(len(requests)))
     active: list[_Row] = []
-    indices: list[int] = []  # request index of each active row
     draft_cache = target_cache = None
     while True:
-        joining = [next(waiting, None) for _ in range(slots - len(active))]
-        joining = [index for index in joining if index is not None]
+        joining = list(itertools.islice(waiting, slots - len(active)))
         if joining:
-            started = [_start_row(draft_model, target, requests[index], device) for index in joining]
-            for index, (row, _, _) in zip(joining, started, strict=True):
-                results[index] = row.result
+            started = [_start_row(draft_model, target, requests[index], device, index) for index in joining]
+            for row, _, _ in started:
+                results[row.index] = row.result
             if active:
                 draft_cache.add_rows([cache for _, cache, _ in started])
                 target_cache.add_rows([cache for _, _, cache in started])
@@ -282,19 +285,17 @@ def speculative_generate_batch(
                 draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
                 target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
             active += [row for row, _, _ in started]
-            indices += joining
             del started
         if not active:
             break
         done = _round(draft_model, target, draft_cache, target_cache, active, draft_length, temperature, eos_token_id)
         if any(done):
             if on_finish is not None:
-                for index, row, finished in zip(indices, active, done, strict=True):
+                for row, finished in zip(active, done, strict=True):
                     if finished:
-                        on_finish(index, row.result)
+                        on_finish(row.index, row.result)
             keep = [index for index, finished in enumerate(done) if not finished]
             active = [active[index] for index in keep]
-            indices = [indices[index] for index in keep]
             if active:
                 draft_cache.keep_rows(keep)
                 target_cache.keep_rows(keep)
