@@ -19,8 +19,12 @@ verified (accepted ones and the first rejected one) is a Bernoulli trial whose p
 the committed prefix, should be the probe's alpha at that position on the loop's text; the sum of
 those alphas is compared with the accepted count, for the first draft step and the later ones.
 ``--loop-seeds`` instead reruns only the loop with other seeds (all requests in one batch): the
-spread of one sample path, and per seed every verified draft against its sum min(p, q), by where
-it sits in a round (first draft after a rejection, after a fully accepted round, later drafts).
+spread of one sample path, and per seed (and pooled) every verified draft against its sum
+min(p, q), by where it sits in a round (first draft after a rejection, after a fully accepted
+round, later drafts). Each count is split into the draw (is the drafted token x distributed as q:
+sum of r(x) = min(1, p(x)/q(x)) against sum min(p, q)) and the test (is the uniform uniform:
+accepted against sum r(x)), with Kolmogorov-Smirnov p-values of the uniforms and of x's
+randomised PIT under q.
 """
 
 from __future__ import annotations
@@ -172,14 +176,19 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
     seed, and every verified draft's outcome against sum min(p, q) of the distributions its test
     used, by where the draft sits (a round's first draft after a rejection, after a fully accepted
     round, at a request's start; the later drafts of a round)."""
+    from scipy import stats
+
     from rift_ada import speculative
     from rift_ada.collectors.collect import request_seed
     from rift_ada.speculative import BatchRequest, speculative_generate_batch
 
     verify = speculative._verify
     per_seed = []
+    pooled: dict[str, list[list[float]]] = {}  # kind -> trials over every seed
+    noise = np.random.default_rng(0)  # the randomised PIT's own draws (never the loop's generators)
     for seed in (int(x) for x in args.loop_seeds.split(",")):
-        trials: dict[str, list[float]] = {}  # kind -> [drafts, accepted, sum alpha, sum alpha (1 - alpha)]
+        # kind -> trials [alpha, r(x), Var_{x~q} r, accepted, u, PIT of x under q]
+        trials: dict[str, list[list[float]]] = {}
         rejected_last: dict[int, bool] = {}  # per request (its generator): did its last round end in a rejection?
 
         def recording_verify(
@@ -193,17 +202,29 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
             trials=trials,
             rejected_last=rejected_last,
         ):
+            # The uniforms _verify draws first (one per tested draft), read from a copy of its generator.
+            replica = torch.Generator(device=generator.device)
+            replica.set_state(generator.get_state())
             accepted, token = verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
             before = rejected_last.get(id(generator))
             for index in range(min(accepted + 1, len(drafted))):  # the accepted drafts and the rejected one
-                target = speculative._probs(target_logits[index], temperature)
-                alpha = float(torch.minimum(target, draft_dists[index]).sum())
+                target = speculative._probs(target_logits[index], temperature).double()
+                draft = draft_dists[index].double()
+                ratio = torch.clamp(target / draft, max=1.0).nan_to_num(0.0)  # r(x) = min(1, p/q)
+                alpha = float(torch.minimum(target, draft).sum())
+                x = drafted[index]
+                below = float(draft[:x].sum())
                 kind = "later" if index else {None: "start", True: "after_rejection", False: "after_full"}[before]
-                row = trials.setdefault(kind, [0, 0, 0.0, 0.0])
-                row[0] += 1
-                row[1] += index < accepted
-                row[2] += alpha
-                row[3] += alpha * (1 - alpha)
+                trials.setdefault(kind, []).append(
+                    [
+                        alpha,
+                        float(ratio[x]),
+                        float((draft * ratio**2).sum()) - alpha**2,
+                        float(index < accepted),
+                        float(torch.rand((), generator=replica)),
+                        below + float(noise.random()) * float(draft[x]),
+                    ]
+                )
             rejected_last[id(generator)] = accepted < len(drafted)
             return accepted, token
 
@@ -229,10 +250,12 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
             speculative._verify = verify
         per_seed.append(float(np.mean([len(r.tokens) / len(r.rounds) for r in results])))
         print(f"seed {seed}: free-running stat mean AL {per_seed[-1]:.3f}", flush=True)
-        for kind in ("start", "after_rejection", "after_full", "later"):
-            n, accepted, expected, variance = trials.get(kind, [0, 0, 0.0, 0.0])
-            z = (accepted - expected) / variance**0.5 if variance > 0 else float("nan")
-            print(f"  {kind:<16} drafts {n:5d}  accepted {accepted:6d}  sum alpha {expected:8.1f}  z {z:+.2f}")
+        _print_trials(trials, stats)
+        for kind, rows in trials.items():
+            pooled.setdefault(kind, []).extend(rows)
+    if len(per_seed) > 1:
+        print(f"pooled over seeds {args.loop_seeds}:")
+        _print_trials(pooled, stats)
     spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0
     print(
         f"over {len(per_seed)} seeds: {np.mean(per_seed):.3f} +- {spread:.3f} (sd), "
@@ -240,6 +263,26 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
         f"{replayed['replay_al']:.3f} +- {replayed['replay_al_std']:.3f} (sd over replicas)"
     )
     return 0
+
+
+def _print_trials(trials: dict[str, list[list[float]]], stats) -> None:
+    """Per kind of draft: accepted vs sum alpha, split into the draw (is x ~ q: sum r(x) vs sum alpha)
+    and the test (is the uniform uniform: accepted vs sum r(x)), with KS p-values of u and of x's PIT."""
+    for kind in ("start", "after_rejection", "after_full", "later"):
+        if kind not in trials:
+            continue
+        alpha, ratio, ratio_var, accepted, uniform, pit = np.array(trials[kind]).T
+        z_all = (accepted.sum() - alpha.sum()) / np.sqrt((alpha * (1 - alpha)).sum())
+        z_draw = (ratio.sum() - alpha.sum()) / np.sqrt(max(ratio_var.sum(), 1e-12))
+        z_test = (accepted.sum() - ratio.sum()) / np.sqrt(max((ratio * (1 - ratio)).sum(), 1e-12))
+        mismatched = int(((uniform < ratio) != (accepted > 0)).sum())  # the copied uniforms must be the test's
+        print(
+            f"  {kind:<16} drafts {len(alpha):5d}  accepted {int(accepted.sum()):6d}  sum alpha {alpha.sum():8.1f}"
+            f"  z {z_all:+.2f} | sum r(x) {ratio.sum():8.1f} z_draw {z_draw:+.2f} z_test {z_test:+.2f}"
+            f" | KS p: u {stats.kstest(uniform, 'uniform').pvalue:.3f} PIT {stats.kstest(pit, 'uniform').pvalue:.3f}"
+            f" | u vs outcome mismatches {mismatched}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
