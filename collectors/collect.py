@@ -305,6 +305,11 @@ def collect_probe(
                     "position": np.tile(np.arange(n_out), len(arms)),
                     "outcome": result.outcome.reshape(-1),
                     "entropy": result.entropy.reshape(-1),
+                    **(
+                        {"token_acceptance": result.token_acceptance.reshape(-1)}
+                        if result.token_acceptance is not None
+                        else {}
+                    ),
                 },
                 "strides": {
                     "request_id": [request.request_id] * (len(arms) * n_strides),

@@ -11,7 +11,8 @@ of them run as one batched forward per stride (batch = arms). Never a K-step dra
 is one pass per arm per stride, plus one rescoring.
 
 Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
-greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x))) and the draft
+greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x)), and the acceptance
+probability given the response's token x, min(1, q_draft(x) / p_target(x))) and the draft
 entropy; per stride and arm: query drift against the arm's last refresh and retained mass.
 """
 
@@ -43,6 +44,7 @@ class ProbeResult:
     entropy: np.ndarray
     query_drift: np.ndarray
     retained_mass: np.ndarray
+    token_acceptance: np.ndarray | None = None  # (A, P), T > 0: min(1, q(x) / p(x)) at the response token x
 
 
 def probe_arms(arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES) -> tuple[str, ...]:
@@ -122,6 +124,7 @@ def probe_request(
     entropy = np.full((len(arms), n_out), np.nan, dtype=np.float32)
     query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
     retained_mass = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
+    token_acceptance = np.full((len(arms), n_out), np.nan, dtype=np.float32) if temperature > 0 else None
 
     # The canonical cache stores the full draft KV with full attention: it scores the selections,
     # gives the `full` arm and measures retained mass. The arms cache holds one KV history (and one
@@ -197,6 +200,13 @@ def probe_request(
         if temperature > 0:
             target_probs = torch.softmax(target_logits.float() / temperature, -1)
             values = torch.minimum(arm_probs, target_probs[None]).sum(-1)
+            # Given the text's token x, rejection sampling accepts the draft with min(p, q)(x) / p(x).
+            draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(len(arms), -1, 1))[..., 0]
+            target_at_token = target_probs.gather(-1, expected[:, None])[:, 0]
+            given_token = torch.where(
+                target_at_token > 0, torch.clamp(draft_at_token / target_at_token, max=1.0), 0.0
+            )
+            token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
         else:
             values = (all_logits.argmax(-1) == expected[None]).float()
         outcome[:, first : first + n_new] = values.cpu().numpy()
@@ -209,4 +219,4 @@ def probe_request(
             now = [summary[arm_index] for summary in arm_history[stride]]
             query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
         query_drift[-1, stride] = _cosine_drift(full_history[stride], full_first)
-    return ProbeResult(arms, outcome, entropy, query_drift, retained_mass)
+    return ProbeResult(arms, outcome, entropy, query_drift, retained_mass, token_acceptance)

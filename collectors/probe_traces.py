@@ -43,6 +43,11 @@ class ProbeTraces:
     ``outcome[r, a, p]``: T = 0, 1.0 if the draft's greedy token at output position p (teacher
     forced on the target prefix) equals the target token, else 0.0; T > 0, the acceptance
     probability sum_x min(p_target(x), q_draft(x)) at that position.
+    ``token_acceptance[r, a, p]`` (T > 0; None in traces that lack it): the probability that the
+    draft position is accepted *given the text's token* x there, min(1, q_draft(x) / p_target(x)).
+    In the free-running loop, given its committed text, each drafted position is accepted with
+    exactly this probability, independently (docs/calibration.md, "Acceptance given the text"), so
+    replay samples it rather than ``outcome``, whose mean over x ~ p it is. See :attr:`acceptance`.
     ``entropy[r, a, p]``: draft entropy (nats) at that position.
     ``stride_signals[name][r, a, s]``: per-stride signals measured under the arm (``query_drift``
     relative to the arm's last refresh, ``retained_mass``), for stride s covering positions
@@ -58,6 +63,7 @@ class ProbeTraces:
     draft_length: int = 11
     decision_stride: int = 8
     manifest: dict[str, Any] = field(default_factory=dict)
+    token_acceptance: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.arms = tuple(self.arms)
@@ -75,6 +81,10 @@ class ProbeTraces:
                 raise ValueError(f"probe traces: {label} has shape {array.shape}, expected {expected} + (P,)")
         if self.outcome.shape != self.entropy.shape:
             raise ValueError("probe traces: outcome and entropy shapes differ")
+        if self.token_acceptance is not None and self.token_acceptance.shape != self.outcome.shape:
+            raise ValueError(
+                f"probe traces: token_acceptance has shape {self.token_acceptance.shape}, expected {self.outcome.shape}"
+            )
         n_strides = -(-self.outcome.shape[2] // self.decision_stride)
         for name, array in self.stride_signals.items():
             if array.shape != (*expected, n_strides):
@@ -97,6 +107,14 @@ class ProbeTraces:
             raise KeyError(f"arm {arm!r} not in traces (have {', '.join(self.arms)})") from None
 
     @property
+    def acceptance(self) -> np.ndarray:
+        """(R, A, P) probability that a drafted position is accepted, as replay walks it: T = 0 the
+        match bit; T > 0 ``token_acceptance`` where recorded, else ``outcome`` (older traces)."""
+        if self.temperature > 0 and self.token_acceptance is not None:
+            return self.token_acceptance
+        return self.outcome
+
+    @property
     def age_grid(self) -> np.ndarray:
         """Sorted ages of the ``age:N`` arms."""
         return np.array(sorted(a for a in (arm_age(n) for n in self.arms) if a is not None), dtype=np.int64)
@@ -114,4 +132,5 @@ class ProbeTraces:
             draft_length=self.draft_length,
             decision_stride=self.decision_stride,
             manifest=dict(self.manifest),
+            token_acceptance=None if self.token_acceptance is None else self.token_acceptance[idx],
         )

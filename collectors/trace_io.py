@@ -28,6 +28,7 @@ import platform
 import re
 import sys
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "stride": pa.int32(), "round": pa.int32(), "accepted": pa.int32(), "age": pa.int32(),
     "outcome": pa.float32(), "entropy": pa.float32(), "query_drift": pa.float32(),
     "retained_mass": pa.float32(), "al": pa.float32(), "entropy_mean": pa.float32(),
-    "refreshed": pa.bool_(),
+    "refreshed": pa.bool_(), "token_acceptance": pa.float32(),
 }  # fmt: skip
 SORT_KEYS: dict[str, tuple[str, ...]] = {
     "positions": ("arm", "position"),
@@ -853,7 +854,20 @@ def read_probe_traces(trace_dir: str | Path, *, verify: bool = True) -> ProbeTra
     if strides.num_rows:
         length = max(length, int(pc.max(strides["stride"]).as_py()) * stride + 1)
     n_strides = -(-length // stride)
-    per_position = _pivot(positions, "position", ("outcome", "entropy"), request_ids, arm_array, length, str(trace_dir))
+    position_columns = ("outcome", "entropy") + (
+        ("token_acceptance",) if "token_acceptance" in positions.column_names else ()
+    )
+    per_position = _pivot(positions, "position", position_columns, request_ids, arm_array, length, str(trace_dir))
+    token_acceptance = per_position.get("token_acceptance")
+    if token_acceptance is not None:
+        inside = (np.arange(length)[None, :] < osl[:, None])[:, None, :]
+        if np.isnan(np.where(inside, token_acceptance, 0.0)).any():
+            warnings.warn(
+                f"{trace_dir}: column 'token_acceptance' is missing for some requests (parts written before "
+                "it existed); replay samples 'outcome' (sum min(p, q)) for every request",
+                stacklevel=2,
+            )
+            token_acceptance = None
     signal_names = [name for name in strides.column_names if name not in ("request_id", "arm", "stride")]
     stride_signals = _pivot(strides, "stride", signal_names, request_ids, arm_array, n_strides, str(trace_dir))
     requests = {name: _column_to_numpy(requests_table[name]) for name in requests_table.column_names}
@@ -869,6 +883,7 @@ def read_probe_traces(trace_dir: str | Path, *, verify: bool = True) -> ProbeTra
         draft_length=int(manifest["draft_length"]),
         decision_stride=stride,
         manifest=manifest,
+        token_acceptance=token_acceptance,
     )
 
 
@@ -896,6 +911,9 @@ def _probe_tables(traces: ProbeTraces, indices: np.ndarray) -> dict[str, pa.Tabl
             "entropy": pa.array(entropy[r, a, p].astype(np.float32)),
         }
     )
+    if traces.token_acceptance is not None:
+        values = traces.token_acceptance[indices][r, a, p].astype(np.float32)
+        tables["positions"] = tables["positions"].append_column("token_acceptance", pa.array(values))
     stride_valid = np.arange(n_strides)[None, :] < (-(-osl // stride))[:, None]
     r, a, s = np.nonzero(np.broadcast_to(stride_valid[:, None, :], (len(indices), len(traces.arms), n_strides)))
     columns: dict[str, Any] = {

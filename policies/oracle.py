@@ -67,7 +67,7 @@ def _age_outcomes(traces: ProbeTraces, request: int, n_strides: int) -> np.ndarr
     ages = traces.age_grid
     if ages.size == 0:
         raise ValueError("oracle: the traces have no age:N arms")
-    rows = np.stack([traces.outcome[request, traces.arm_index(f"age:{int(a)}")] for a in ages])
+    rows = np.stack([traces.acceptance[request, traces.arm_index(f"age:{int(a)}")] for a in ages])
     wanted = np.arange(n_strides) * traces.decision_stride
     upper = np.clip(np.searchsorted(ages, wanted, side="left"), 0, ages.size - 1)
     lower = np.clip(upper - 1, 0, ages.size - 1)
@@ -159,7 +159,7 @@ def oracle_frontier(
         by_age = _age_outcomes(traces, int(r), n_strides)[:, :osl]
         rounds = request_frontier(
             by_age,
-            traces.outcome[r, stat, :osl],
+            traces.acceptance[r, stat, :osl],
             draft_length=traces.draft_length,
             stride=stride,
             min_age=min_age,

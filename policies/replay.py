@@ -238,12 +238,13 @@ class _Tables:
 
 
 def _sampled_matches(traces: ProbeTraces, replicas: int, seed: int | None) -> np.ndarray:
-    """(V, R, A, P) accepted flags: the match bit at T = 0, one seeded sample per replica at T > 0."""
+    """(V, R, A, P) accepted flags: the match bit at T = 0, one seeded sample per replica at T > 0
+    (of ``traces.acceptance``: the acceptance probability given the text's token where recorded)."""
     n_req, _, n_pos = traces.outcome.shape
     valid = (np.arange(n_pos)[None, :] < traces.osl[:, None])[:, None, :]
     if seed is None:
         return ((traces.outcome > 0.5) & valid)[None]
-    probability = np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0)
+    probability = np.nan_to_num(traces.acceptance.astype(np.float64), nan=0.0)
     uniforms = np.random.default_rng(seed).random((replicas, n_req, n_pos))
     return (uniforms[:, :, None, :] < probability[None]) & valid[None]
 
@@ -322,7 +323,7 @@ def _tables(traces: ProbeTraces, replicas: int | None = None, seed: int = 0) -> 
     The cache is module-level (not an attribute), so pickling traces for worker processes stays cheap.
     """
     replicas, used_seed = _sampling(traces, replicas, seed)
-    arrays = (traces.outcome, traces.entropy, traces.stride_signals.get("query_drift"))
+    arrays = (traces.acceptance, traces.entropy, traces.stride_signals.get("query_drift"))
     settings = (traces.draft_length, traces.decision_stride, traces.temperature > 0, tuple(traces.arms))
     settings += (replicas, used_seed)
     entry = _TABLE_CACHE.get(id(traces))

@@ -72,10 +72,11 @@ class SignalSamples:
 
 
 def _future_means(traces: ProbeTraces, horizon: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean outcome over [n, n + horizon) inside the response, per (request, arm, n), and the count."""
+    """Mean acceptance (``traces.acceptance``) over [n, n + horizon) inside the response, per
+    (request, arm, n), and the count."""
     n_req, n_arms, n_pos = traces.outcome.shape
     valid = np.arange(n_pos)[None, None, :] < traces.osl[:, None, None]
-    outcome = np.where(valid, np.nan_to_num(traces.outcome.astype(np.float64), nan=0.0), 0.0)
+    outcome = np.where(valid, np.nan_to_num(traces.acceptance.astype(np.float64), nan=0.0), 0.0)
     zeros = np.zeros((n_req, n_arms, 1))
     sums = np.concatenate([zeros, np.cumsum(outcome, axis=2)], axis=2)
     counts = np.concatenate([zeros, np.cumsum(np.broadcast_to(valid, outcome.shape), axis=2)], axis=2)

@@ -8,9 +8,13 @@ and the committed tokens are fed again, which also works for recurrent (linear-a
 layers that cannot be cropped.
 
 With ``forced_tokens`` (a fixed target response) the loop is teacher-forced: at T = 0 the draft's
-greedy proposals are matched against the response; at T > 0 the draft is fed the response and a
-position is accepted with probability sum_x min(p_target(x), q_draft(x)). Either way the committed
-text is the response, so runs of different policies see the same tokens.
+greedy proposals are matched against the response; at T > 0 the draft is fed the response and the
+position holding response token x is accepted with probability min(1, q_draft(x) / p_target(x)).
+That is the free-running loop's own law given its text: rejection sampling commits x and accepts
+with joint probability min(p, q)(x), so given x it accepts with min(p, q)(x) / p(x), independently
+of every other position. On a response sampled from the target, teacher-forced rounds are
+therefore distributed as free-running ones. Either way the committed text is the response, so
+runs of different policies see the same tokens.
 """
 
 from __future__ import annotations
@@ -463,8 +467,9 @@ def _verify(
         target_dist = _probs(target_logits[index], temperature)
         draft_dist = draft_dists[index]
         uniform = float(torch.rand((), generator=generator))
-        if forced_tokens is not None:
-            if uniform < float(torch.minimum(target_dist, draft_dist).sum()):
+        if forced_tokens is not None:  # token is the response's: accepted with min(p, q)(x) / p(x)
+            target_at_token = float(target_dist[token])
+            if target_at_token > 0 and uniform < min(1.0, float(draft_dist[token]) / target_at_token):
                 continue
             return index, forced_tokens[offset + index]
         if uniform < min(1.0, float(target_dist[token] / draft_dist[token])):

@@ -81,6 +81,36 @@ def test_probe_self_speculation_full_arm_accepts_everything():
     np.testing.assert_array_equal(sampled.retained_mass, greedy.retained_mass)
 
 
+def test_probe_records_the_acceptance_probability_given_the_response_token():
+    """T > 0 with a separate target: under the full arm, outcome is sum_x min(p, q) and token_acceptance
+    is min(1, q(x) / p(x)) at the response's token x, both as plain full forwards compute them."""
+    draft, target = tiny_model("llama", seed=3), tiny_model("llama", seed=4)
+    prompt = _prompt(7, 40)
+    response = speculative_generate(
+        target, prompt, policy=make_policy("full"), max_new_tokens=40, temperature=1.0
+    ).tokens
+    policy = make_policy("rift-stat", budget=24, obs_window=8)
+    probed = probe_request(
+        draft, prompt, response, policy=policy, temperature=1.0, arm_ages=(0, 16), target_model=target
+    )
+    with torch.no_grad():
+        text = torch.tensor([prompt + response])
+        p = torch.softmax(target(text).logits[0].double(), -1)[len(prompt) - 1 : -1]
+        q = torch.softmax(draft(text).logits[0].double(), -1)[len(prompt) - 1 : -1]
+    token = torch.tensor(response)[:, None]
+    full = probed.arms.index("full")
+    np.testing.assert_allclose(probed.outcome[full], torch.minimum(p, q).sum(-1).numpy(), atol=1e-5)
+    given = torch.clamp(q.gather(-1, token)[:, 0] / p.gather(-1, token)[:, 0], max=1.0).numpy()
+    np.testing.assert_allclose(probed.token_acceptance[full], given, rtol=1e-4, atol=1e-6)
+    assert probed.token_acceptance.shape == probed.outcome.shape
+    assert ((probed.token_acceptance >= 0) & (probed.token_acceptance <= 1)).all()
+    assert np.abs(probed.token_acceptance - probed.outcome).max() > 0.1  # the two are different quantities
+    greedy = probe_request(
+        draft, prompt, response, policy=policy, temperature=0.0, arm_ages=(0, 16), target_model=target
+    )
+    assert greedy.token_acceptance is None  # at T = 0 the match bit is already the token's outcome
+
+
 def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
     """The age:0 arm is a draft refreshed at every stride start from its own KV and queries.
 
@@ -221,6 +251,7 @@ def test_killed_collection_resumes_to_the_uninterrupted_result(tmp_path: Path):
     after_resume, reference = read_probe_traces(crashed), read_probe_traces(straight)
     assert after_resume.requests["request_id"].tolist() == [f"job-{index}" for index in range(4)]
     assert after_resume.temperature == 1.0 and np.isfinite(after_resume.outcome[:, :, :31]).all()
+    assert np.isfinite(after_resume.token_acceptance[:, :, :31]).all()  # T > 0 traces carry it
     _assert_same_traces(after_resume, reference)
     assert trace_status(crashed)["uncommitted_files"] == []
     # A third run has nothing left to do.

@@ -51,7 +51,8 @@ def scalar_replay(
 
     ``decisions`` collects (request, n_committed, signals) at every decision the session makes.
 
-    At T > 0 position i of request r is accepted under arm a when u[replica, r, i] < p[r, a, i], with
+    At T > 0 position i of request r is accepted under arm a when u[replica, r, i] < p[r, a, i] (p: the
+    traces' ``acceptance``, the token-conditional probability where recorded), with
     u = numpy.random.default_rng(seed).random((replicas, R, P)) (the documented sampling contract).
     """
     ctl = Controller.from_dict(controller)
@@ -69,7 +70,7 @@ def scalar_replay(
             arm = arm_for_round(traces, n - session.last_refresh, r, n)
 
             def accepted(i: int, r: int = r, arm: int = arm) -> bool:
-                value = float(traces.outcome[r, arm, i])
+                value = float(traces.acceptance[r, arm, i])
                 if uniforms is None:
                     return value > 0.5
                 return bool(uniforms[replica, r, i] < (0.0 if math.isnan(value) else value))
@@ -520,3 +521,28 @@ def test_replay_needs_the_arms_it_uses() -> None:
     with pytest.raises(ValueError):
         replay(stat_only, "full")
     assert replay(stat_only, "stat").rounds.tolist() == [1]
+
+
+def test_replay_at_t_above_0_samples_the_acceptance_given_the_token_where_recorded() -> None:
+    """token_acceptance, where the traces carry it, is what a T > 0 walk samples (not outcome's sum
+    min(p, q)): all ones gives every round K + 1 tokens, all zeros one; without it, outcome as before."""
+    import dataclasses
+
+    traces = synthetic_traces(6, 96, temperature=1.0, draft_length=3, seed=4)
+    k = traces.draft_length
+    before = replay(traces, "stat", replicas=2)
+    ones = dataclasses.replace(traces, token_acceptance=np.ones_like(traces.outcome))
+    zeros = dataclasses.replace(traces, token_acceptance=np.zeros_like(traces.outcome))
+    assert replay(ones, "stat", replicas=2).mean_al == pytest.approx(np.mean(96 / np.ceil(96 / (k + 1))))
+    assert replay(zeros, "stat", replicas=2).mean_al == 1.0
+    same = dataclasses.replace(traces, token_acceptance=traces.outcome.copy())
+    assert replay(same, "stat", replicas=2).mean_al == before.mean_al
+    assert 1.0 < before.mean_al < k + 1
+    # The scalar reference reads the same column: a deciding policy walks identically.
+    mixed = dataclasses.replace(traces, token_acceptance=np.sqrt(traces.outcome))
+    controller = named_policy_controller("periodic:32")
+    result = replay(mixed, controller, replicas=1, seed=0, record_refreshes=True)
+    for r, (positions, rounds) in enumerate(scalar_replay(mixed, controller, seed=0, replicas=1)):
+        assert result.refresh_positions[r].tolist() == positions, r
+        assert result.rounds[r] == rounds, r
+    assert result.mean_al != replay(traces, controller, replicas=1, seed=0).mean_al

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -99,39 +101,95 @@ def test_t1_next_token_distribution_matches_target():
     assert chisquare(observed, wrong * observed.sum() / wrong.sum()).pvalue < 1e-3
 
 
-@pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
-def test_t1_free_running_accepts_each_draft_with_probability_sum_min_p_q():
-    """Every draft the free-running loop verified is a Bernoulli trial with P = sum_x min(p, q) given the
-    committed prefix; the reference p, q come from plain full forwards over the committed text, and the
-    accepted counts must match their sums, for a round's first draft and for the later ones."""
+_T1_DRAFT_LENGTH = 4
+
+
+@functools.cache
+def _t1_verified_drafts(teacher_forced: bool) -> list[tuple[int, bool, float, float]]:
+    """(step in its round, accepted, alpha, c) of every draft the T = 1 loop verified, 192 runs.
+
+    alpha = sum_x min(p, q) and c = min(1, q(x) / p(x)) at the committed token x, with p and q from
+    plain full forwards over the committed text (the reference). ``teacher_forced``: each run is fed
+    the text of a free-running run of another seed (a sample of the target distribution)."""
     import copy
 
     from rift_ada.speculative import BatchRequest, speculative_generate_batch
 
-    target = tiny_model("llama", seed=22)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():  # a draft close to the target, so rounds often accept several drafts
-        weight = draft.get_output_embeddings().weight
-        weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=torch.Generator().manual_seed(5)))
-    prompts = [[3, 17, 42, 8, 9, 60, 1, 5], [11, 4, 70, 2, 33, 9, 12, 50, 6, 21]]
-    requests = [
-        BatchRequest(prompts[seed % 2], make_policy("full"), max_new_tokens=16, seed=seed) for seed in range(192)
-    ]
-    results = speculative_generate_batch(draft, requests, target_model=target, draft_length=4, temperature=1.0)
-    sums = {"first": [0.0, 0.0, 0.0], "later": [0.0, 0.0, 0.0]}  # accepted, sum alpha, sum alpha (1 - alpha)
-    with torch.no_grad():
-        for request, result in zip(requests, results, strict=True):
-            text = torch.tensor([request.prompt_ids + result.tokens])
-            p = torch.softmax(target(text).logits[0].double(), -1)
-            q = torch.softmax(draft(text).logits[0].double(), -1)
-            alpha = torch.minimum(p, q).sum(-1)  # alpha[i]: the draft of the token at text position i + 1
-            for record in result.rounds[:-1]:  # the last round's count is cut to the output limit
-                for step in range(min(record.accepted + 1, 4)):  # accepted drafts + the rejected one
-                    a = float(alpha[len(request.prompt_ids) - 1 + record.position + step])
-                    which = sums["first" if step == 0 else "later"]
-                    which[0] += step < record.accepted
-                    which[1] += a
-                    which[2] += a * (1 - a)
-    for name, (accepted, expected, variance) in sums.items():
-        assert variance > 20, name  # enough uncertain trials to test
-        assert abs(accepted - expected) < 4 * variance**0.5, (name, accepted, expected)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many tiny forwards: extra threads only spin
+    try:
+        target = tiny_model("llama", seed=22)
+        draft = copy.deepcopy(target)
+        with torch.no_grad():  # a draft close to the target, so rounds often accept several drafts
+            weight = draft.get_output_embeddings().weight
+            weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=torch.Generator().manual_seed(5)))
+        prompts = [[3, 17, 42, 8, 9, 60, 1, 5], [11, 4, 70, 2, 33, 9, 12, 50, 6, 21]]
+
+        def run(seed_offset: int, forced: list[list[int]] | None) -> list:
+            requests = [
+                BatchRequest(
+                    prompts[seed % 2],
+                    make_policy("full"),
+                    max_new_tokens=16,
+                    seed=seed + seed_offset,
+                    forced_tokens=None if forced is None else forced[seed],
+                )
+                for seed in range(192)
+            ]
+            results = speculative_generate_batch(
+                draft, requests, target_model=target, draft_length=_T1_DRAFT_LENGTH, temperature=1.0
+            )
+            return list(zip(requests, results, strict=True))
+
+        runs = run(0, None)
+        if teacher_forced:
+            runs = run(1000, [result.tokens for _, result in runs])
+        trials = []
+        with torch.no_grad():
+            for request, result in runs:
+                text = torch.tensor([request.prompt_ids + result.tokens])
+                p = torch.softmax(target(text).logits[0].double(), -1)
+                q = torch.softmax(draft(text).logits[0].double(), -1)
+                alpha = torch.minimum(p, q).sum(-1)  # alpha[i]: the draft of the token at text position i + 1
+                token = text[0, 1:, None]
+                c = torch.clamp(q[:-1].gather(-1, token)[:, 0] / p[:-1].gather(-1, token)[:, 0], max=1)
+                for record in result.rounds[:-1]:  # the last round's count is cut to the output limit
+                    for step in range(min(record.accepted + 1, _T1_DRAFT_LENGTH)):  # accepted + the rejected one
+                        i = len(request.prompt_ids) - 1 + record.position + step
+                        trials.append((step, step < record.accepted, float(alpha[i]), float(c[i])))
+    finally:
+        torch.set_num_threads(threads)
+    return trials
+
+
+def _count_test(trials: list[tuple[int, bool, float, float]], column: int) -> tuple[float, float, float]:
+    """(accepted, expected, sd) of a Bernoulli count with the probabilities in ``column`` (2: alpha, 3: c)."""
+    probabilities = [trial[column] for trial in trials]
+    variance = sum(a * (1 - a) for a in probabilities)
+    return sum(trial[1] for trial in trials), sum(probabilities), variance**0.5
+
+
+def test_t1_free_running_accepts_each_draft_with_probability_sum_min_p_q():
+    """Every draft the free-running loop verified is a Bernoulli trial with P = sum_x min(p, q) given the
+    committed prefix: the accepted counts match their sums, for a round's first draft and the later ones."""
+    trials = _t1_verified_drafts(teacher_forced=False)
+    for name, subset in (("first", [t for t in trials if t[0] == 0]), ("later", [t for t in trials if t[0] > 0])):
+        accepted, expected, sd = _count_test(subset, 2)
+        assert sd > 20**0.5, name  # enough uncertain trials to test
+        assert abs(accepted - expected) < 4 * sd, (name, accepted, expected)
+
+
+@pytest.mark.parametrize("teacher_forced", [False, True], ids=["free-running", "teacher-forced"])
+def test_t1_given_its_token_a_draft_is_accepted_with_probability_min_1_q_over_p(teacher_forced: bool):
+    """Given the committed token x, a verified draft is accepted with min(1, q(x) / p(x)) (what the probe
+    records as token_acceptance and replay samples), in the free-running loop and, fed a sample of the
+    target distribution, in the teacher-forced one. Among drafts whose token the draft found unlikely
+    (c < 0.5) the acceptances follow c and are far below sum min(p, q): the test tells the two apart."""
+    trials = _t1_verified_drafts(teacher_forced)
+    for name, subset in (("all", trials), ("c < 0.5", [t for t in trials if t[3] < 0.5])):
+        accepted, expected, sd = _count_test(subset, 3)
+        assert sd > 3, name
+        assert abs(accepted - expected) < 4 * sd, (name, accepted, expected)
+    unlikely = [t for t in trials if t[3] < 0.5]
+    accepted, by_alpha, sd_alpha = _count_test(unlikely, 2)
+    assert by_alpha - accepted > 4 * sd_alpha, (accepted, by_alpha)  # sum min(p, q) is no model of these

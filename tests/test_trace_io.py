@@ -361,3 +361,25 @@ def test_import_targets_from_jsonl(tmp_path: Path):
     path.write_text('{"request_id": "r0"}\n')
     with pytest.raises(TargetsError, match=r"external\.jsonl:1: missing response"):
         import_targets(path, WordIds(), _requests())
+
+
+def test_token_acceptance_round_trips_and_a_directory_missing_it_for_some_requests_falls_back(tmp_path: Path):
+    """T > 0 traces keep token_acceptance through write and read; parts written without it (older
+    collections, resumed by a newer one) make the reader warn and drop it for every request, since
+    replay must sample one quantity throughout."""
+    import dataclasses
+
+    traces = synthetic_traces(4, 40, temperature=1.0, seed=2)
+    traces = dataclasses.replace(traces, token_acceptance=np.sqrt(traces.outcome))
+    write_probe_traces(tmp_path / "all", traces)
+    read = read_probe_traces(tmp_path / "all")
+    np.testing.assert_array_equal(read.token_acceptance, traces.token_acceptance.astype(np.float32))
+    np.testing.assert_array_equal(read.acceptance, read.token_acceptance)
+
+    older = dataclasses.replace(traces.subset([0, 1]), token_acceptance=None)
+    write_probe_traces(tmp_path / "mixed", older)
+    write_probe_traces(tmp_path / "mixed", traces)  # adds requests 2 and 3, with the column
+    with pytest.warns(UserWarning, match="token_acceptance' is missing for some requests"):
+        mixed = read_probe_traces(tmp_path / "mixed")
+    assert mixed.token_acceptance is None
+    np.testing.assert_array_equal(mixed.acceptance, mixed.outcome)
