@@ -12,7 +12,9 @@ committed position n reads per-position outcomes of the probe arms:
   range (its ``max_age``, or a periodic interval, below the longest response) is refused.
 * T = 0: AL = 1 + number of leading matches in outcome[n : n + K], capped at K + 1 (exact).
 * T > 0: each position's acceptance is sampled once per replica from the recorded acceptance
-  probability (one seeded uniform per replica, request and position, shared by all arms and
+  probability given the response's token (``ProbeTraces.acceptance``: ``token_acceptance``, which
+  makes the walk the free-running loop's law given the text; older traces: sum min(p, q)) (one
+  seeded uniform per replica, request and position, shared by all arms and
   policies), and AL = 1 + leading accepted positions as at T = 0. Results are means over the
   replicas (``replicas``, default 4, ``seed`` recorded), with the spread of the mean AL.
 
