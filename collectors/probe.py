@@ -152,7 +152,7 @@ def probe_request(
             arms_cache.layers[index].reorder_cache(expand)
     arm_layers = arms_cache.budgeted_layers
 
-    max_age_strides = max(arm_ages) // decision_stride
+    max_age_strides = max(arm_ages, default=0) // decision_stride
     history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) own selections
     arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
     full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
