@@ -176,11 +176,10 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
     seed, and every verified draft's outcome against sum min(p, q) of the distributions its test
     used, by where the draft sits (a round's first draft after a rejection, after a fully accepted
     round, at a request's start; the later drafts of a round)."""
+    from fidelity_paired import run_free_stat  # benchmarks/ (the script's own directory)
     from scipy import stats
 
     from rift_ada import speculative
-    from rift_ada.collectors.collect import request_seed
-    from rift_ada.speculative import BatchRequest, speculative_generate_batch
 
     verify = speculative._verify
     per_seed = []
@@ -228,23 +227,10 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
             rejected_last[id(generator)] = accepted < len(drafted)
             return accepted, token
 
-        batch = [
-            BatchRequest(
-                list(by_id[request.request_id]["prompt_token_ids"]),
-                stat.cache,
-                max_new_tokens=len(by_id[request.request_id]["response_token_ids"]),
-                seed=request_seed(seed, request.request_id),
-            )
-            for request in requests
-        ]
         speculative._verify = recording_verify
         try:
-            results = speculative_generate_batch(
-                pair.draft,
-                batch,
-                target_model=pair.target,
-                draft_length=settings.draft_length,
-                temperature=settings.temperature,
+            _, results = run_free_stat(
+                pair, [by_id[request.request_id] for request in requests], stat.cache, settings, seed
             )
         finally:
             speculative._verify = verify

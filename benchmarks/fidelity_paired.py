@@ -35,12 +35,11 @@ import numpy as np
 def main(argv: list[str] | None = None) -> int:
     from rift_ada.calibrate.export import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
-    from rift_ada.collectors.collect import request_seed, resolve_closed_policy
+    from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.probe import probe_request
     from rift_ada.collectors.probe_traces import ProbeTraces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay
-    from rift_ada.speculative import BatchRequest, speculative_generate_batch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
@@ -63,22 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         started = time.monotonic()
         targets = [by_id[request.request_id] for request in setup.requests]
-        batch = [
-            BatchRequest(
-                list(target["prompt_token_ids"]),
-                stat.cache,
-                max_new_tokens=len(target["response_token_ids"]),
-                seed=request_seed(seed, target["request_id"]),
-            )
-            for target in targets
-        ]
-        results = speculative_generate_batch(
-            pair.draft,
-            batch,
-            target_model=pair.target,
-            draft_length=settings.draft_length,
-            temperature=settings.temperature,
-        )
+        batch, results = run_free_stat(pair, targets, stat.cache, settings, seed)
         probes = [
             probe_request(
                 pair.draft,
@@ -112,6 +96,32 @@ def main(argv: list[str] | None = None) -> int:
         )
     _summary({seed: saved[str(seed)] for seed in seeds}, args.replicas)
     return 0
+
+
+def run_free_stat(pair, targets: list[dict], cache_policy, settings, seed: int) -> tuple[list, list]:
+    """(requests, results) of the free-running loop over ``targets`` (one batch) under ``cache_policy``
+    with loop seed ``seed``: request r gets generator seed ``request_seed(seed, r)`` and as many
+    tokens as its target response, so seed 0 reproduces a fidelity run's own closed loop."""
+    from rift_ada.collectors.collect import request_seed
+    from rift_ada.speculative import BatchRequest, speculative_generate_batch
+
+    batch = [
+        BatchRequest(
+            list(target["prompt_token_ids"]),
+            cache_policy,
+            max_new_tokens=len(target["response_token_ids"]),
+            seed=request_seed(seed, target["request_id"]),
+        )
+        for target in targets
+    ]
+    results = speculative_generate_batch(
+        pair.draft,
+        batch,
+        target_model=pair.target,
+        draft_length=settings.draft_length,
+        temperature=settings.temperature,
+    )
+    return batch, results
 
 
 def _traces(probes, targets, lengths, settings, probe_traces_type):
