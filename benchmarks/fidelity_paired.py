@@ -17,7 +17,9 @@ committed text under `stat` (a probe with no age arms, target as in the run), an
 that text with ``--replicas`` replicas, sampling ``token_acceptance`` and, for comparison,
 ``outcome`` (sum min(p, q), what replay sampled before). Prints each seed and, over every
 (seed, request) pair, the mean paired difference relative to the loop's mean AL with its
-standard error. Per-seed results are saved in RUN/paired.json, so an interrupted run resumes.
+standard error, and beside the spread of the per-seed differences the spread one loop path would
+have from its acceptance draws alone (the replay replicas' sd), which it should match. Per-seed
+results are saved in RUN/paired.json, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             "loop_al": [len(r.tokens) / len(r.rounds) for r in results],
             "replay_al": [float(x) for x in given_token.al],
             "replay_al_sum_min": [float(x) for x in marginal.al],
+            # sd over replicas of one walk's macro mean AL: the acceptance-draw noise of one loop path
+            "replay_path_sd": given_token.mean_al_std,
             "seconds": time.monotonic() - started,
         }
         atomic_write_json(saved_path, json_safe(saved))
@@ -159,6 +163,13 @@ def _traces(probes, targets, lengths, settings, probe_traces_type):
 
 def _summary(per_seed: dict[int, dict], replicas: int) -> None:
     loop = np.concatenate([row["loop_al"] for row in per_seed.values()])
+    path_sd = [row["replay_path_sd"] for row in per_seed.values() if "replay_path_sd" in row]
+    seed_differences = [np.mean(row["replay_al"]) - np.mean(row["loop_al"]) for row in per_seed.values()]
+    if path_sd and len(seed_differences) > 1:
+        print(
+            f"per-seed (replay - loop) of the macro mean AL: sd {np.std(seed_differences, ddof=1):.3f} over seeds; "
+            f"one path's acceptance-draw sd given its texts (replay replicas) {np.mean(path_sd):.3f}"
+        )
     print(f"over {len(per_seed)} seed(s) x {len(loop) // max(1, len(per_seed))} requests ({replicas} replicas each):")
     for key, label in (("replay_al", "token acceptance"), ("replay_al_sum_min", "sum min(p, q)")):
         replayed = np.concatenate([row[key] for row in per_seed.values()])
