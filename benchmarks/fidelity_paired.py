@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
     parser.add_argument("--seeds", default="0,1,2,3", help="loop seeds, comma separated")
     parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="rerun the saved seeds' loops one request at a time and compare their ALs with the batched ones",
+    )
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
@@ -59,6 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     saved_path = args.run / "paired.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
 
+    if args.alone:
+        targets = [by_id[request.request_id] for request in setup.requests]
+        for seed in seeds:
+            batched = saved[str(seed)]["loop_al"]
+            alone = [
+                len(result.tokens) / len(result.rounds)
+                for target in targets
+                for result in run_free_stat(pair, [target], stat.cache, settings, seed)[1]
+            ]
+            same = sum(abs(a - b) < 1e-12 for a, b in zip(alone, batched, strict=True))
+            print(
+                f"seed {seed}: alone {[round(x, 3) for x in alone]}, batched {[round(x, 3) for x in batched]}: "
+                f"{same}/{len(alone)} identical",
+                flush=True,
+            )
+        return 0
     for seed in seeds:
         if str(seed) in saved:
             continue
