@@ -39,17 +39,17 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fidelity_rounds import predicted_al  # benchmarks/ (the script's own directory)
+    from fidelity_paired import run_free_stat  # benchmarks/ (the script's own directory)
+    from fidelity_rounds import predicted_al
 
     from rift_ada import speculative
     from rift_ada.calibrate.export import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
-    from rift_ada.collectors.collect import request_seed, resolve_closed_policy
+    from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay
-    from rift_ada.speculative import speculative_generate
 
     cap_heap_growth()  # as the CLI does: without it a 6 x 512 run grew past 23 GB (docs/performance.md)
 
@@ -67,19 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     pair, requests, settings, targets = setup.pair, setup.requests, setup.settings, setup.targets
     by_id = {row["request_id"]: row for row in targets}
     stat = resolve_closed_policy("stat", settings)
-
-    def free_running_stat(target: dict, seed: int):
-        """The run's free-running `stat` loop on one request (the closed loop's seeds when ``seed`` is the run's)."""
-        return speculative_generate(
-            pair.draft,
-            list(target["prompt_token_ids"]),
-            policy=stat.cache,
-            target_model=pair.target,
-            max_new_tokens=len(target["response_token_ids"]),
-            draft_length=settings.draft_length,
-            temperature=settings.temperature,
-            seed=request_seed(seed, target["request_id"]),
-        )
 
     if args.loop_seeds:
         return _loop_seeds(args, requests, by_id, stat, pair, settings, rows["stat"])
@@ -108,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         for request in requests:
             current = loop_alpha.setdefault(request.request_id, {})
             target = by_id[request.request_id]
-            result = free_running_stat(target, settings.seed)
+            (result,) = run_free_stat(pair, [target], stat.cache, settings, settings.seed)[1]
             loop_rows.append({**target, "response_token_ids": list(result.tokens)})
             starts[request.request_id] = [(r.position, r.al) for r in result.rounds]
             loop_al[request.request_id] = len(result.tokens) / len(result.rounds)
@@ -176,7 +163,7 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
     seed, and every verified draft's outcome against sum min(p, q) of the distributions its test
     used, by where the draft sits (a round's first draft after a rejection, after a fully accepted
     round, at a request's start; the later drafts of a round)."""
-    from fidelity_paired import run_free_stat  # benchmarks/ (the script's own directory)
+    from fidelity_paired import run_free_stat
     from scipy import stats
 
     from rift_ada import speculative

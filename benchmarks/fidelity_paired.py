@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.probe import probe_request
-    from rift_ada.collectors.probe_traces import ProbeTraces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay
 
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for request, result in zip(batch, results, strict=True)
         ]
-        traces = _traces(probes, targets, [len(r.tokens) for r in results], settings, ProbeTraces)
+        traces = _traces(probes, targets, [len(r.tokens) for r in results], settings)
         given_token = replay(traces, "stat", replicas=args.replicas, seed=seed)
         marginal = replay(dataclasses.replace(traces, token_acceptance=None), "stat", replicas=args.replicas, seed=seed)
         saved[str(seed)] = {
@@ -149,8 +148,10 @@ def run_free_stat(pair, targets: list[dict], cache_policy, settings, seed: int) 
     return batch, results
 
 
-def _traces(probes, targets, lengths, settings, probe_traces_type):
+def _traces(probes, targets, lengths, settings):
     """In-memory probe traces of the loop's texts (arms stat and full), NaN padded."""
+    from rift_ada.collectors.probe_traces import ProbeTraces
+
     width = max(lengths)
     arms = probes[0].arms
 
@@ -169,7 +170,7 @@ def _traces(probes, targets, lengths, settings, probe_traces_type):
         "isl": np.array([len(t["prompt_token_ids"]) for t in targets], dtype=np.int64),
         "osl": np.array(lengths, dtype=np.int64),
     }
-    return probe_traces_type(
+    return ProbeTraces(
         requests=requests,
         arms=arms,
         outcome=padded("outcome"),

@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
+from rift_ada.speculative import acceptance_given_token
 
 
 class ProbeError(ValueError):
@@ -203,9 +204,7 @@ def probe_request(
             # Given the text's token x, rejection sampling accepts the draft with min(p, q)(x) / p(x).
             draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(len(arms), -1, 1))[..., 0]
             target_at_token = target_probs.gather(-1, expected[:, None])[:, 0]
-            given_token = torch.where(
-                target_at_token > 0, torch.clamp(draft_at_token / target_at_token, max=1.0), 0.0
-            )
+            given_token = acceptance_given_token(draft_at_token, target_at_token[None])
             token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
         else:
             values = (all_logits.argmax(-1) == expected[None]).float()

@@ -98,6 +98,12 @@ def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return -(log_probs.exp() * log_probs).sum(-1)
 
 
+def acceptance_given_token(draft_at_token: torch.Tensor, target_at_token: torch.Tensor) -> torch.Tensor:
+    """min(1, q(x) / p(x)): the probability that rejection sampling accepted the draft at a position
+    whose committed token is x (0 where p(x) = 0, a token rejection sampling never commits)."""
+    return torch.where(target_at_token > 0, torch.clamp(draft_at_token / target_at_token, max=1.0), 0.0)
+
+
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
@@ -468,8 +474,7 @@ def _verify(
         draft_dist = draft_dists[index]
         uniform = float(torch.rand((), generator=generator))
         if forced_tokens is not None:  # token is the response's: accepted with min(p, q)(x) / p(x)
-            target_at_token = float(target_dist[token])
-            if target_at_token > 0 and uniform < min(1.0, float(draft_dist[token]) / target_at_token):
+            if uniform < float(acceptance_given_token(draft_dist[token], target_dist[token])):
                 continue
             return index, forced_tokens[offset + index]
         if uniform < min(1.0, float(target_dist[token] / draft_dist[token])):
