@@ -71,6 +71,9 @@ class BenchSize:
     split: tuple[float, float, float] = (0.34, 0.33, 0.33)
     table_requests: int | None = None  # confirmation requests that run every Table 1 method (None: all)
     batch_size: int = 8
+    # T > 0 closed loop: real rejection sampling (each policy its own text) instead of teacher forcing
+    # every policy on the target responses (the same law given the text; docs/calibration.md, 5b)
+    free_running: bool = False
 
     def check(self) -> None:
         """Refuse an inconsistent size before any model loads (errors name the field)."""
@@ -185,8 +188,11 @@ def select_requests(requests: Sequence[Any], size: BenchSize) -> list[Any]:
 
 
 def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: int, model: str, dataset: str) -> dict:
+    fields = asdict(size)
+    if temperature <= 0:  # teacher-forced at T = 0 either way
+        del fields["free_running"]
     return {
-        "size": asdict(size),
+        "size": fields,
         "temperature": temperature,
         "budget": budget,
         "seed": seed,
@@ -420,6 +426,7 @@ def run_cell(
     table_extra = _table_specs(size) if size.table_requests != 0 else []
 
     started = time.monotonic()
+    free_running = size.free_running and temperature > 0
     confirmation = confirm_closed(
         calibration,
         controller,
@@ -432,6 +439,7 @@ def run_cell(
         extra_policies=table_extra if table_ids == confirmation_ids else (),
         batch_size=size.batch_size,
         on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
+        free_running=free_running,
     )
     closed_dirs = [Path(confirmation.run_dir)]
     totals: dict[str, dict[str, np.ndarray]] = dict(closed_results(confirmation.run_dir))
@@ -448,7 +456,7 @@ def run_cell(
             table_only,
             target_model=pair.target,
             on_request=stages.counter(f"{tag} closed loop: Table 1 methods", len(table_ids)),
-            free_running=temperature > 0,
+            free_running=free_running,
             batch_size=size.batch_size,
         )
         closed_dirs.append(folder / "table")
@@ -477,7 +485,7 @@ def run_cell(
         else calibration["splits"].get("sizes"),
         "confirmation_ids": confirmation_ids,
         "table_ids": table_ids,
-        "free_running": temperature > 0,
+        "free_running": free_running,
         "table": table,
         "confirmation": confirmation.to_dict() | {"replay_comparisons": calibration["confirmation"]["comparisons"]},
         "replay_verdict": confirmation.replay_verdict,

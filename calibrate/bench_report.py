@@ -217,6 +217,21 @@ def _why(cell: dict[str, Any]) -> list[str]:
     return lines
 
 
+def closed_loop_mode(summary: dict[str, Any]) -> str:
+    """How the closed loop committed its text, from the cells' records."""
+    hot = [cell for cell in summary["cells"].values() if cell["temperature"] > 0]
+    text = "At T = 0 the closed loop is teacher-forced on the target's greedy text (exact)."
+    if any(cell.get("free_running") for cell in hot):
+        text += " At T > 0 it is free-running rejection sampling: each policy commits its own text."
+    elif hot:
+        text += (
+            " At T > 0 it is teacher-forced on the target's sampled text, accepting each drafted token x with "
+            "min(1, q(x) / p(x)): the law of free-running rejection sampling given its text, with every policy "
+            "on the same text (docs/calibration.md, 5b)."
+        )
+    return text
+
+
 def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
     size = summary["size"]
     isl = summary["isl"]
@@ -230,9 +245,8 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
         f"{', '.join(f'{t:g}' for t in size['temperatures'])}; "
         f"probe arms up to age {max(size['arm_ages'])}, controller ages {32}–{size['max_age']}; {size['trials']} "
         f"Optuna trials per cell; splits {size['split']} (calibration / selection / confirmation); seed "
-        f"{summary['seed']}; {summary['dtype']} on {summary['device']}. At T = 0 the closed loop is teacher-forced on "
-        "the target's greedy text (exact); at T > 0 it is free-running rejection sampling. Every number below "
-        "comes from `bench.json`.",
+        f"{summary['seed']}; {summary['dtype']} on {summary['device']}. {closed_loop_mode(summary)} Every number "
+        "below comes from `bench.json`.",
         "",
         "## The answer",
         "",

@@ -3,9 +3,13 @@
 Replay chooses the controller and gives a first verdict on the confirmation split; this module
 runs, on the same confirmation requests, the chosen controller, the periodic reference Δ and
 periodic refresh at the controller's own rate (the matched-rate baseline replay picked) in the
-real draft/verify loop (:func:`rift_ada.collectors.collect.collect_closed`; free-running rejection
-sampling at T > 0, teacher forcing at T = 0, where it is exact). The verdict and its paired-bootstrap
-CIs then come from the closed-loop per-request totals; replay's figures stay beside them.
+real draft/verify loop (:func:`rift_ada.collectors.collect.collect_closed`), teacher-forced on the
+target responses: exact at T = 0, and at T > 0 distributed as free-running rejection sampling
+(each drafted position holding token x is accepted with min(1, q(x) / p(x)), the law the
+free-running loop follows given its text) while every policy runs on the same text, so the
+paired differences carry no text-to-text noise. ``free_running=True`` runs real rejection sampling
+instead (each policy commits its own text). The verdict and its paired-bootstrap CIs then come
+from the closed-loop per-request totals; replay's figures stay beside them.
 
 No model code is imported at import time: :func:`confirm_closed` receives loaded models, and
 :func:`confirm_closed_from_traces` (the CLI's entry) imports the loaders when called.
@@ -103,6 +107,11 @@ def _closed_entry(totals: Mapping[str, np.ndarray], order: Sequence[str], role: 
     }
 
 
+def _check_free_running(free_running: bool, temperature: float) -> None:
+    if free_running and float(temperature) <= 0:
+        raise CalibrationError("free_running: needs temperature > 0 (at T = 0 teacher forcing is exact)")
+
+
 def confirm_closed(
     calibration: Mapping[str, Any],
     controller: Mapping[str, Any],
@@ -118,6 +127,7 @@ def confirm_closed(
     on_request: Callable[[str, int], None] | None = None,
     extra_policies: Sequence[str] = (),
     batch_size: int = 8,
+    free_running: bool = False,
 ) -> ClosedConfirmation:
     """Run the chosen controller and its two periodic baselines on the confirmation split in the real loop.
 
@@ -125,10 +135,13 @@ def confirm_closed(
     controller dict; ``requests`` / ``targets`` / ``settings``: as for ``collect_closed`` (only the
     confirmation requests are run). The closed-loop run lands in ``out_dir``. ``margin`` defaults to
     the calibration's. ``extra_policies`` (e.g. a benchmark's Table 1 methods) run in the same closed
-    loop, on the same requests. Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
+    loop, on the same requests. ``free_running`` (T > 0 only): real rejection sampling instead of
+    teacher forcing on the targets. Returns the closed-loop verdict with paired-bootstrap CIs,
+    replay's beside it.
     """
     from rift_ada.collectors.collect import closed_results, collect_closed
 
+    _check_free_running(free_running, settings.temperature)
     conf = calibration["confirmation"]
     wanted = [str(rid) for rid in conf["request_ids"]]
     by_id = {str(request.request_id): request for request in requests}
@@ -145,7 +158,6 @@ def confirm_closed(
         if spec not in specs:
             specs.append(spec)
     specs += [spec for spec in extra_policies if spec not in specs]
-    free_running = float(settings.temperature) > 0
     run_dir = out / "closed"
     collect_closed(
         draft_model,
@@ -288,6 +300,7 @@ def confirm_closed_from_traces(
     targets_path: str | Path | None = None,
     margin: float | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    free_running: bool = False,
 ) -> ClosedConfirmation:
     """Load ``model`` and confirm the calibration in ``calibration_dir`` in the closed loop.
 
@@ -307,6 +320,7 @@ def confirm_closed_from_traces(
     calibration = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))
     controller = json.loads((folder / calibration.get("controller", "controller.json")).read_text(encoding="utf-8"))
     settings = settings_from_manifest(read_manifest(traces))
+    _check_free_running(free_running, settings.temperature)
     if device is None:
         import torch
 
@@ -324,6 +338,7 @@ def confirm_closed_from_traces(
         out_dir=folder / "confirm-closed",
         margin=margin,
         on_request=on_request,
+        free_running=free_running,
     )
     attach_closed_confirmation(folder, confirmation)
     return confirmation

@@ -191,7 +191,11 @@ def _closed_loop_lines(conf: dict[str, Any]) -> list[str]:
     closed = conf.get("closed_loop")
     if not closed:
         return []
-    mode = "free-running rejection sampling" if closed["free_running"] else "teacher-forced (exact at T = 0)"
+    mode = (
+        "free-running rejection sampling (each policy its own text)"
+        if closed["free_running"]
+        else "teacher-forced on the target responses (exact at T = 0; at T > 0 the free-running law given the text)"
+    )
     rows = []
     for label, entry in closed["policies"].items():
         c, r = entry["closed"], entry["replay"]

@@ -567,9 +567,20 @@ def calibrate(
             help="replay, or closed: rerun the controller and its baselines in the real loop (loads the model)."
         ),
     ] = "replay",
+    free_running: Annotated[
+        bool,
+        typer.Option(
+            help="With --confirm closed at T > 0: real rejection sampling, each policy its own text, instead of "
+            "teacher forcing every policy on the target responses (same law, paired texts)."
+        ),
+    ] = False,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     preset = _check_model(model)
+    if free_running and confirm != "closed":
+        bad_option("--free-running", "only applies with --confirm closed")
+    if free_running and temp <= 0:
+        bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
     name = f"{model}-T{temp:g}"
     traces = traces or Path("runs") / name / "probe"
     out = out or Path("runs") / name / "calibration"
@@ -624,7 +635,7 @@ def calibrate(
             from rift_ada.calibrate.confirm import confirm_closed_from_traces
 
             progress.update("closed-loop confirmation", 0, None)
-            confirm_closed_from_traces(out, traces, model=model, margin=margin)
+            confirm_closed_from_traces(out, traces, model=model, margin=margin, free_running=free_running)
             result.calibration = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
             result.controller = json.loads(result.controller_path.read_text(encoding="utf-8"))
     export_controller(result.controller, controller_out)

@@ -48,6 +48,13 @@ def bench(
     batch_size: Annotated[
         int | None, typer.Option(help="Requests per batched forward (targets, probe, closed loop).")
     ] = None,
+    free_running: Annotated[
+        bool,
+        typer.Option(
+            help="T > 0 closed loop: real rejection sampling, each policy its own text, instead of teacher forcing "
+            "every policy on the target responses (same law, paired texts)."
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
     device: Annotated[str, typer.Option(help="torch device (cuda on a GPU machine).")] = "cpu",
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
@@ -76,6 +83,7 @@ def bench(
             max_age=max_age,
             table_requests=table_requests,
             batch_size=batch_size,
+            free_running=free_running,
         )
     except ValueError as error:  # a bad size: a usage error, before any model loads
         fail(error, code=2)
@@ -91,8 +99,10 @@ def bench(
         "--table-requests": table_requests, "--batch-size": batch_size, "--seed": seed, "--device": device,
         "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
     }  # fmt: skip
-    command = "rift-ada bench " + " ".join(
-        f"{flag} {shlex.quote(str(value))}" for flag, value in given.items() if value is not None
+    command = (
+        "rift-ada bench "
+        + " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in given.items() if value is not None)
+        + (" --free-running" if free_running else "")
     )
     try:
         with _progress() as progress:

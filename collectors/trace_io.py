@@ -212,6 +212,10 @@ def _manifest_differences(existing: Mapping[str, Any], new: Mapping[str, Any]) -
         old_value, new_value = existing.get(name), new.get(name)
         if old_value != new_value:
             differences.append(f"{name}: existing {json.dumps(old_value)} != new {json.dumps(new_value)}")
+    if new.get("mode") == "closed":  # teacher-forced and free-running runs never share a directory
+        old_mode, new_mode = bool(existing.get("free_running", False)), bool(new.get("free_running", False))
+        if old_mode != new_mode:
+            differences.append(f"free_running: existing {json.dumps(old_mode)} != new {json.dumps(new_mode)}")
     old_targets, new_targets = existing.get("targets"), new.get("targets")
     if isinstance(old_targets, Mapping) and isinstance(new_targets, Mapping):
         for name in TARGETS_IDENTITY:

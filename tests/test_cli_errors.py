@@ -106,6 +106,8 @@ BAD_OPTIONS = [
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--timeout", "0"], "--timeout"),
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--reference-interval", "0"], "--reference-interval"),
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--traces", "/no/such/traces"], "--traces"),
+    (["calibrate", "-m", "smollm2-135m", "-t", "1", "--free-running"], "--free-running"),  # without --confirm closed
+    (["calibrate", "-m", "smollm2-135m", "-t", "0", "--confirm", "closed", "--free-running"], "--free-running"),
     (["evaluate", "--traces", "/no/such/traces"], "--traces"),
 ]
 

@@ -81,3 +81,65 @@ def test_closed_loop_confirmation_replaces_the_replay_verdict(tmp_path: Path) ->
     assert "## Closed-loop confirmation" in report and "Verdict source: closed loop" in report
     controller = json.loads((tmp_path / "calibration" / "controller.json").read_text())
     assert controller["calibration"]["confirmation"]["source"] == "closed loop"
+
+
+def test_t1_confirmation_is_teacher_forced_unless_free_running_is_asked(tmp_path: Path) -> None:
+    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4, temperature=1.0)
+    result = calibrate(
+        synthetic_traces(12, 48, temperature=1.0, seed=5),
+        tmp_path / "calibration",
+        name="tiny-T1",
+        draft="synthetic",
+        target="synthetic",
+        temperature=1.0,
+        trials=4,
+        reference_interval=16,
+        n_resamples=200,
+        log=None,
+        cache=settings.cache_json(),
+    )
+    ids = [str(x) for x in result.calibration["confirmation"]["request_ids"]]
+    requests, targets = _job(ids)
+    model = tiny_model("llama", seed=4)
+    runs = {}
+    for free_running in (False, True):
+        out = tmp_path / f"confirm-{free_running}"
+        runs[free_running] = confirm_closed(
+            result.calibration,
+            result.controller,
+            draft_model=model,
+            requests=requests,
+            targets=targets,
+            settings=settings,
+            out_dir=out,
+            n_resamples=200,
+            free_running=free_running,
+        )
+        manifest = json.loads((out / "closed" / "manifest.json").read_text())
+        assert runs[free_running].free_running is free_running and manifest["free_running"] is free_running
+    # Teacher forcing commits the target's text, so a request's rounds cover its whole response in
+    # both modes, but only the free-running loop samples its own tokens: the accepted counts differ.
+    forced, free = (closed_results(runs[mode].run_dir) for mode in (False, True))
+    name = result.controller["name"]
+    assert list(forced[name]["committed"]) == [
+        len(t["response_token_ids"]) for t in sorted(targets, key=lambda t: t["request_id"])
+    ]
+    assert not np.array_equal(forced[name]["rounds"], free[name]["rounds"])
+
+
+def test_free_running_at_t0_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from rift_ada.calibrate.splits import CalibrationError
+
+    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4)
+    with pytest.raises(CalibrationError, match="free_running: needs temperature > 0"):
+        confirm_closed(
+            {},
+            {},
+            draft_model=None,
+            requests=[],
+            targets=[],
+            settings=settings,
+            out_dir=tmp_path / "c",
+            free_running=True,
+        )
+    assert not (tmp_path / "c").exists()

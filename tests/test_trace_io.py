@@ -301,6 +301,15 @@ def test_closed_mode_tables_and_manifest_hash(tmp_path: Path):
         read_probe_traces(out)
 
 
+def test_a_closed_directory_never_mixes_teacher_forced_and_free_running_runs(tmp_path: Path):
+    fields = dict(mode="closed", draft="d", target="t", temperature=1.0, draft_length=11, decision_stride=8, seed=0)
+    out = tmp_path / "run"
+    TraceWriter(out, base_manifest(**fields))  # written before the field existed: teacher-forced
+    TraceWriter(out, base_manifest(**fields, free_running=False))  # the same mode resumes
+    with pytest.raises(TraceError, match="free_running: existing false != new true"):
+        TraceWriter(out, base_manifest(**fields, free_running=True))
+
+
 class WordIds:
     """Stub tokenizer: one id per word (its length), decodes to 'w' * id."""
 

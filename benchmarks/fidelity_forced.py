@@ -1,0 +1,129 @@
+"""T > 0 fidelity of replay for every policy of a fidelity run, paired on the target's texts.
+
+    .venv/bin/python benchmarks/fidelity_forced.py runs/fid6-t1c --seeds 0,1,2,3   # a fidelity.py --temp 1 run
+
+A free-running loop commits its own text, so the fidelity run's T > 0 row compares replay on
+one target text with one loop path on another text: the text-to-text spread (about 9 % per path at
+6 x 512) swamps replay's error. Given the committed text, the free-running loop accepts each
+drafted position independently with probability min(1, q(x) / p(x)) (docs/calibration.md,
+"Acceptance given the text"), and the teacher-forced loop at T > 0 accepts with exactly that
+probability (tests/test_speculative.py, both loops). On a text sampled from the target the
+teacher-forced loop is therefore distributed as the free-running one, and it runs every policy on
+the same text that replay walks: the comparison is paired per text without probing new texts
+(`fidelity_paired.py` does that for `stat` only, one full probe per loop text).
+
+Per seed s, `collect --mode closed` runs the run's policies (stat, periodic, the gate) teacher-
+forced on the run's target responses with collection seed s (request r's acceptance draws come
+from ``request_seed(s, r)``); its parts go to RUN/forced/seed-s, so an interrupted run resumes.
+Replay walks the run's probe traces with ``--replicas`` replicas. Prints, per policy, replay's
+mean AL beside the loop's (mean over seeds), the relative gap with its standard error (the loop's
+acceptance-draw spread within each request over the seeds, and replay's over its replicas), and
+both refresh counts; the figures are saved in RUN/forced.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rift_ada.calibrate.export import atomic_write_json, json_safe
+    from rift_ada.calibrate.fidelity import reopen_fidelity
+    from rift_ada.collectors.collect import closed_results, collect_closed
+    from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.memory import cap_heap_growth
+    from rift_ada.policies.replay import replay_many
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
+    parser.add_argument("--seeds", default="0,1,2,3", help="collection seeds of the teacher-forced loop")
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args(argv)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    case, record, setup = reopen_fidelity(args.run)
+    if case.temperature <= 0:
+        raise SystemExit(f"{args.run}: temperature {case.temperature}; at T = 0 the fidelity run is already paired")
+    gate_path = args.run / "gate.json"
+    specs = ["stat", *(f"periodic:{interval}" for interval in case.periodic), str(gate_path)]
+    labels = ["stat", *(f"periodic:{interval}" for interval in case.periodic), "gate"]
+    cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
+
+    loops: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+    for seed in seeds:
+        started = time.monotonic()
+        out = args.run / "forced" / f"seed-{seed}"
+        summary = collect_closed(
+            setup.pair.draft,
+            setup.requests,
+            setup.targets,
+            out,
+            dataclasses.replace(setup.settings, seed=seed),
+            specs,
+            target_model=setup.pair.target,
+            batch_size=args.batch_size,
+        )
+        loops[seed] = closed_results(out)
+        means = ", ".join(f"{label} {np.mean(loops[seed][label]['al']):.3f}" for label in labels)
+        print(
+            f"seed {seed}: {summary.collected} request(s) run, {summary.skipped} resumed; loop AL {means}; "
+            f"{time.monotonic() - started:.0f} s",
+            flush=True,
+        )
+
+    traces = read_probe_traces(args.run / "probe")
+    gate = json.loads(gate_path.read_text())
+    replays = replay_many(traces, ["stat", *specs[1:-1], gate], replicas=args.replicas, seed=case.seed)
+    rows = [
+        _row(label, replayed, [loops[seed][label] for seed in seeds], args.replicas)
+        for label, replayed in zip(labels, replays, strict=True)
+    ]
+    print(f"{case}\nteacher-forced loop on the target texts, seeds {seeds}; replay {args.replicas} replicas")
+    print(f"{'policy':<14} {'replay AL':>10} {'loop AL':>10} {'gap':>8} {'se':>7} {'replay ref':>11} {'loop ref':>9}")
+    for row in rows:
+        print(
+            f"{row['policy']:<14} {row['replay_al']:>10.3f} {row['loop_al']:>10.3f} {100 * row['al_gap']:>+7.2f}% "
+            f"{100 * row['al_gap_se']:>6.2f}% {row['replay_refreshes']:>11.1f} {row['loop_refreshes']:>9.1f}"
+        )
+    atomic_write_json(
+        args.run / "forced.json",
+        json_safe(
+            {"case": case.__dict__, "model": record["model"], "seeds": seeds, "replicas": args.replicas, "rows": rows}
+        ),
+    )
+    return 0
+
+
+def _row(label: str, replayed, loops: list[dict[str, np.ndarray]], replicas: int) -> dict:
+    """Replay against the loop's mean over seeds, on the same requests (replay's order)."""
+    order = [[list(map(str, loop["request_id"])).index(str(rid)) for rid in replayed.request_ids] for loop in loops]
+    pairs = list(zip(loops, order, strict=True))
+    loop_al = np.stack([np.asarray(loop["al"], dtype=np.float64)[index] for loop, index in pairs])
+    refreshes = [float(np.sum(np.asarray(loop["refreshes"])[index])) for loop, index in pairs]
+    loop_mean = float(loop_al.mean())
+    # Var of the loop's macro mean: its within-request spread over seeds (the texts are fixed).
+    within = float(loop_al.var(axis=0, ddof=1).mean()) if len(loops) > 1 else float("nan")
+    loop_var = within / loop_al.size
+    replay_var = replayed.mean_al_std**2 / replicas
+    return {
+        "policy": label,
+        "replay_al": replayed.mean_al,
+        "loop_al": loop_mean,
+        "loop_al_by_seed": loop_al.mean(axis=1).tolist(),
+        "al_gap": (replayed.mean_al - loop_mean) / loop_mean,
+        "al_gap_se": float(np.sqrt(loop_var + replay_var)) / loop_mean,
+        "replay_refreshes": float(np.sum(replayed.refreshes)),
+        "loop_refreshes": float(np.mean(refreshes)),
+        "loop_refreshes_by_seed": refreshes,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
