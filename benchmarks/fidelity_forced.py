@@ -19,6 +19,11 @@ Replay walks the run's probe traces with ``--replicas`` replicas. Prints, per po
 mean AL beside the loop's (mean over seeds), the relative gap with its standard error (the loop's
 acceptance-draw spread within each request over the seeds, and replay's over its replicas), and
 both refresh counts; the figures are saved in RUN/forced.json.
+
+``--free-seeds`` also runs the same policies free-running (RUN/free/seed-s; the run's own seed
+reuses RUN/closed) and prints, per pair of policies, what a confirmation would resample in each
+mode: the sd over requests of the per-request AL differences and the paired-bootstrap 95 % CI
+half-width of their mean (``al_difference_ci``), averaged over the seeds.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2,3", help="collection seeds of the teacher-forced loop")
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--free-seeds", default="", help="also run free-running loops with these seeds")
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
+    free_seeds = [int(x) for x in args.free_seeds.split(",") if x]
     case, record, setup = reopen_fidelity(args.run)
     if case.temperature <= 0:
         raise SystemExit(f"{args.run}: temperature {case.temperature}; at T = 0 the fidelity run is already paired")
@@ -56,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     labels = ["stat", *(f"periodic:{interval}" for interval in case.periodic), "gate"]
     cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
 
-    loops: dict[int, dict[str, dict[str, np.ndarray]]] = {}
-    for seed in seeds:
+    def run_loops(seed: int, free_running: bool) -> dict[str, dict[str, np.ndarray]]:
         started = time.monotonic()
-        out = args.run / "forced" / f"seed-{seed}"
+        if free_running and seed == case.seed:
+            out = args.run / "closed"  # the fidelity run's own free-running loop
+        else:
+            out = args.run / ("free" if free_running else "forced") / f"seed-{seed}"
         summary = collect_closed(
             setup.pair.draft,
             setup.requests,
@@ -69,14 +78,19 @@ def main(argv: list[str] | None = None) -> int:
             specs,
             target_model=setup.pair.target,
             batch_size=args.batch_size,
+            free_running=free_running,
         )
-        loops[seed] = closed_results(out)
-        means = ", ".join(f"{label} {np.mean(loops[seed][label]['al']):.3f}" for label in labels)
+        results = closed_results(out)
+        means = ", ".join(f"{label} {np.mean(results[label]['al']):.3f}" for label in labels)
         print(
-            f"seed {seed}: {summary.collected} request(s) run, {summary.skipped} resumed; loop AL {means}; "
-            f"{time.monotonic() - started:.0f} s",
+            f"{'free-running' if free_running else 'teacher-forced'} seed {seed}: {summary.collected} request(s) run, "
+            f"{summary.skipped} resumed; loop AL {means}; {time.monotonic() - started:.0f} s",
             flush=True,
         )
+        return results
+
+    loops = {seed: run_loops(seed, free_running=False) for seed in seeds}
+    free_loops = {seed: run_loops(seed, free_running=True) for seed in free_seeds}
 
     traces = read_probe_traces(args.run / "probe")
     gate = json.loads(gate_path.read_text())
@@ -92,13 +106,61 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['policy']:<14} {row['replay_al']:>10.3f} {row['loop_al']:>10.3f} {100 * row['al_gap']:>+7.2f}% "
             f"{100 * row['al_gap_se']:>6.2f}% {row['replay_refreshes']:>11.1f} {row['loop_refreshes']:>9.1f}"
         )
+    spreads = _pair_spreads(labels, {"teacher-forced": loops, "free-running": free_loops}) if free_loops else []
+    if spreads:
+        print("per-request AL differences between policies (what a confirmation resamples), mean over seeds:")
+        print(f"{'pair':<26} {'mode':<15} {'seeds':>5} {'mean diff':>10} {'sd':>7} {'CI half-width':>14}")
+        for row in spreads:
+            print(
+                f"{row['pair']:<26} {row['mode']:<15} {row['seeds']:>5} {row['mean_difference']:>+10.3f} "
+                f"{row['sd']:>7.3f} {row['ci_half_width']:>14.3f}"
+            )
     atomic_write_json(
         args.run / "forced.json",
         json_safe(
-            {"case": case.__dict__, "model": record["model"], "seeds": seeds, "replicas": args.replicas, "rows": rows}
+            {
+                "case": case.__dict__,
+                "model": record["model"],
+                "seeds": seeds,
+                "free_seeds": free_seeds,
+                "replicas": args.replicas,
+                "rows": rows,
+                "pair_spreads": spreads,
+            }
         ),
     )
     return 0
+
+
+def _pair_spreads(labels: list[str], modes: dict[str, dict[int, dict[str, dict[str, np.ndarray]]]]) -> list[dict]:
+    """Per pair of policies and mode: the per-request AL differences' sd and bootstrap CI half-width."""
+    from rift_ada.calibrate.bootstrap import al_difference_ci
+
+    rows = []
+    for first, label_a in enumerate(labels):
+        for label_b in labels[first + 1 :]:
+            for mode, loops in modes.items():
+                sds, widths, means = [], [], []
+                for seed, loop in loops.items():
+                    order = np.argsort(np.asarray(loop[label_a]["request_id"]).astype(str))
+                    other = np.argsort(np.asarray(loop[label_b]["request_id"]).astype(str))
+                    al_a = np.asarray(loop[label_a]["al"], dtype=np.float64)[order]
+                    al_b = np.asarray(loop[label_b]["al"], dtype=np.float64)[other]
+                    interval = al_difference_ci(al_a, al_b, n_resamples=2000, seed=seed)
+                    sds.append(float(np.std(al_a - al_b, ddof=1)))
+                    widths.append((interval.high - interval.low) / 2)
+                    means.append(float(np.mean(al_a - al_b)))
+                rows.append(
+                    {
+                        "pair": f"{label_a} - {label_b}",
+                        "mode": mode,
+                        "seeds": len(loops),
+                        "mean_difference": float(np.mean(means)),
+                        "sd": float(np.mean(sds)),
+                        "ci_half_width": float(np.mean(widths)),
+                    }
+                )
+    return rows
 
 
 def _row(label: str, replayed, loops: list[dict[str, np.ndarray]], replicas: int) -> dict:
