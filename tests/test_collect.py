@@ -111,6 +111,47 @@ def test_probe_records_the_acceptance_probability_given_the_response_token():
     assert greedy.token_acceptance is None  # at T = 0 the match bit is already the token's outcome
 
 
+def test_the_teacher_forced_t1_stat_loop_is_the_probe_walk_with_the_loops_uniforms():
+    """Replay's T > 0 model, checked decision by decision: walking the probe's `stat` token_acceptance
+    with the loop's own uniforms (one per verified draft, from its seeded generator) gives exactly the
+    teacher-forced loop's rounds, so the loop's acceptance law given the text is the one replay samples."""
+    draft, target = tiny_model("llama", seed=3), tiny_model("llama", seed=4)
+    prompt = _prompt(11, 48)
+    response = speculative_generate(
+        target, prompt, policy=make_policy("full"), max_new_tokens=72, temperature=1.0, seed=5
+    ).tokens
+    policy = make_policy("rift-stat", budget=24, obs_window=8)
+    probed = probe_request(draft, prompt, response, policy=policy, temperature=1.0, arm_ages=(), target_model=target)
+    given = probed.token_acceptance[probed.arms.index("stat")].astype(np.float64)
+    draft_length = 4
+    for seed in (0, 1, 2):
+        loop = speculative_generate(
+            draft,
+            prompt,
+            policy=policy,
+            target_model=target,
+            max_new_tokens=len(response),
+            draft_length=draft_length,
+            temperature=1.0,
+            seed=seed,
+            forced_tokens=response,
+        )
+        assert loop.tokens == response
+        generator = torch.Generator().manual_seed(seed)
+        walked, position = [], 0
+        while position < len(response):
+            accepted = 0
+            for step in range(min(draft_length, len(response) - position)):
+                if float(torch.rand((), generator=generator)) >= given[position + step]:
+                    break
+                accepted += 1
+            walked.append((position, min(accepted, len(response) - position - 1)))  # the limit cuts the last round
+            position += accepted + 1
+        assert [(r.position, r.accepted) for r in loop.rounds] == walked, seed
+        accepted_counts = [accepted for _, accepted in walked]
+        assert 0 in accepted_counts and max(accepted_counts) >= 2  # rejections and runs of acceptances both occur
+
+
 def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
     """The age:0 arm is a draft refreshed at every stride start from its own KV and queries.
 
