@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,22 +32,29 @@ def _job(request_ids: list[str]) -> tuple[list[Request], list[dict]]:
     return requests, targets
 
 
-def test_closed_loop_confirmation_replaces_the_replay_verdict(tmp_path: Path) -> None:
-    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4)
-    traces = synthetic_traces(12, 48, seed=5)
+def _calibrated(tmp_path: Path, temperature: float, trials: int, n_resamples: int) -> tuple[CollectSettings, Any]:
+    """Tiny collection settings and a calibration on synthetic traces at ``temperature``."""
+    settings = CollectSettings(
+        draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4, temperature=temperature
+    )
     result = calibrate(
-        traces,
+        synthetic_traces(12, 48, temperature=temperature, seed=5),
         tmp_path / "calibration",
-        name="tiny-T0",
+        name=f"tiny-T{temperature:g}",
         draft="synthetic",
         target="synthetic",
-        temperature=0.0,
-        trials=6,
+        temperature=temperature,
+        trials=trials,
         reference_interval=16,
-        n_resamples=500,
+        n_resamples=n_resamples,
         log=None,
         cache=settings.cache_json(),
     )
+    return settings, result
+
+
+def test_closed_loop_confirmation_replaces_the_replay_verdict(tmp_path: Path) -> None:
+    settings, result = _calibrated(tmp_path, 0.0, trials=6, n_resamples=500)
     ids = [str(x) for x in result.calibration["confirmation"]["request_ids"]]
     requests, targets = _job(ids + ["not-in-the-split"])
     confirmation = confirm_closed(
@@ -84,20 +92,7 @@ def test_closed_loop_confirmation_replaces_the_replay_verdict(tmp_path: Path) ->
 
 
 def test_t1_confirmation_is_teacher_forced_unless_free_running_is_asked(tmp_path: Path) -> None:
-    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4, temperature=1.0)
-    result = calibrate(
-        synthetic_traces(12, 48, temperature=1.0, seed=5),
-        tmp_path / "calibration",
-        name="tiny-T1",
-        draft="synthetic",
-        target="synthetic",
-        temperature=1.0,
-        trials=4,
-        reference_interval=16,
-        n_resamples=200,
-        log=None,
-        cache=settings.cache_json(),
-    )
+    settings, result = _calibrated(tmp_path, 1.0, trials=4, n_resamples=200)
     ids = [str(x) for x in result.calibration["confirmation"]["request_ids"]]
     requests, targets = _job(ids)
     model = tiny_model("llama", seed=4)
