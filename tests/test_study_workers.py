@@ -80,7 +80,15 @@ def _check_study(task: StudyTask, *, expect_workers: int) -> None:
     assert len(workers) == expect_workers, workers
     params = [tuple(sorted(t.params.items())) for t in complete if t.params]
     assert len(params) == task.n_trials
-    assert len(set(params)) > task.n_trials // 2  # the workers sample different policies
+    # Seeded apart, the searching workers draw their own policies. (TPE may repeat a policy within a
+    # worker on this small grid, so how many are distinct overall depends on the interleaving.)
+    by_worker: dict[int, list[tuple]] = {}
+    for trial in sorted(complete, key=lambda t: t.number):
+        if trial.params:
+            worker = trial.user_attrs[RECORD_ATTR]["worker"]
+            by_worker.setdefault(worker, []).append(tuple(sorted(trial.params.items())))
+    openings = [tuple(drawn[:3]) for drawn in by_worker.values()]
+    assert len(set(openings)) == len(openings), by_worker
 
 
 def test_two_processes_fill_one_sqlite_study(tmp_path):
