@@ -123,7 +123,7 @@ def bench(
 def demo(
     out: Annotated[Path, typer.Option(help=OUT_HELP)] = Path("runs/demo"),
     size: Annotated[
-        BenchSizeName, typer.Option(help="small (default, 13–20 min on 2 cores), tiny (smoke test) or full (hours).")
+        BenchSizeName, typer.Option(help="small (default, 10–20 min on 2 cores), tiny (smoke test) or full (hours).")
     ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",
