@@ -107,11 +107,6 @@ def _closed_entry(totals: Mapping[str, np.ndarray], order: Sequence[str], role: 
     }
 
 
-def _check_free_running(free_running: bool, temperature: float) -> None:
-    if free_running and float(temperature) <= 0:
-        raise CalibrationError("free_running: needs temperature > 0 (at T = 0 teacher forcing is exact)")
-
-
 def confirm_closed(
     calibration: Mapping[str, Any],
     controller: Mapping[str, Any],
@@ -139,9 +134,9 @@ def confirm_closed(
     teacher forcing on the targets. Returns the closed-loop verdict with paired-bootstrap CIs,
     replay's beside it.
     """
-    from rift_ada.collectors.collect import closed_results, collect_closed
+    from rift_ada.collectors.collect import check_free_running, closed_results, collect_closed
 
-    _check_free_running(free_running, settings.temperature)
+    check_free_running(free_running, settings.temperature)
     conf = calibration["confirmation"]
     wanted = [str(rid) for rid in conf["request_ids"]]
     by_id = {str(request.request_id): request for request in requests}
@@ -309,6 +304,7 @@ def confirm_closed_from_traces(
     cache settings from the probe manifest; ``device`` defaults to CUDA when available. Attaches the
     result (see :func:`attach_closed_confirmation`).
     """
+    from rift_ada.collectors.collect import check_free_running
     from rift_ada.collectors.pipeline import load_pair, load_requests
     from rift_ada.collectors.targets_io import read_targets
     from rift_ada.collectors.trace_io import read_manifest
@@ -320,7 +316,7 @@ def confirm_closed_from_traces(
     calibration = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))
     controller = json.loads((folder / calibration.get("controller", "controller.json")).read_text(encoding="utf-8"))
     settings = settings_from_manifest(read_manifest(traces))
-    _check_free_running(free_running, settings.temperature)
+    check_free_running(free_running, settings.temperature)
     if device is None:
         import torch
 

@@ -326,6 +326,12 @@ def collect_probe(
     return CollectionSummary(str(out_dir), "probe", n_mine, n_mine - len(todo), len(todo), tokens)
 
 
+def check_free_running(free_running: bool, temperature: float) -> None:
+    """Free-running rejection sampling is a T > 0 mode (at T = 0 teacher forcing is exact)."""
+    if free_running and float(temperature) <= 0:
+        raise ValueError("free_running: needs temperature > 0 (at T = 0 teacher forcing is exact)")
+
+
 def collect_closed(
     draft_model: Any,
     requests: Sequence[Request],
@@ -352,8 +358,7 @@ def collect_closed(
     runs real rejection sampling instead, as many output tokens as the target response has;
     each policy then commits its own text, so only AL and refresh counts compare across policies.
     """
-    if free_running and settings.temperature <= 0:
-        raise ValueError("free_running: needs temperature > 0 (at T = 0 teacher forcing is exact)")
+    check_free_running(free_running, settings.temperature)
     resolved = [resolve_closed_policy(spec, settings) for spec in policies]
     labels = [policy.label for policy in resolved]
     if len(set(labels)) != len(labels):

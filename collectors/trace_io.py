@@ -56,8 +56,10 @@ PARQUET_META_KEY = b"rift_ada.traces"
 TARGETS_IDENTITY: tuple[str, ...] = ("sha256", "target_model", "temperature", "seed", "max_new_tokens")
 IDENTITY_FIELDS: tuple[str, ...] = (
     "format", "version", "mode", "draft", "target", "temperature", "draft_length", "cache",
-    "decision_stride", "arms", "dataset", "seed",
+    "decision_stride", "arms", "dataset", "seed", "free_running",
 )  # fmt: skip
+# Identity fields that older manifests lack, read as this value (closed runs were teacher-forced).
+IDENTITY_DEFAULTS: dict[str, Any] = {"free_running": False}
 REQUIRED_KINDS: dict[str, tuple[str, ...]] = {
     "probe": ("requests", "positions", "strides"),
     "closed": ("requests", "rounds"),
@@ -209,13 +211,10 @@ def read_manifest(trace_dir: str | Path) -> dict[str, Any]:
 def _manifest_differences(existing: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     differences = []
     for name in IDENTITY_FIELDS:
-        old_value, new_value = existing.get(name), new.get(name)
+        default = IDENTITY_DEFAULTS.get(name)
+        old_value, new_value = existing.get(name, default), new.get(name, default)
         if old_value != new_value:
             differences.append(f"{name}: existing {json.dumps(old_value)} != new {json.dumps(new_value)}")
-    if new.get("mode") == "closed":  # teacher-forced and free-running runs never share a directory
-        old_mode, new_mode = bool(existing.get("free_running", False)), bool(new.get("free_running", False))
-        if old_mode != new_mode:
-            differences.append(f"free_running: existing {json.dumps(old_mode)} != new {json.dumps(new_mode)}")
     old_targets, new_targets = existing.get("targets"), new.get("targets")
     if isinstance(old_targets, Mapping) and isinstance(new_targets, Mapping):
         for name in TARGETS_IDENTITY:
