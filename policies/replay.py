@@ -499,16 +499,21 @@ def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_sign
     values = params.values
 
     def fires(signals: dict[str, np.ndarray], age: np.ndarray, sl: slice) -> np.ndarray:
-        total: np.ndarray | float = 0.0
+        # Controller.decide's sum, term by term in the same order, in place (products commute exactly).
+        total = None
         for name, mean, factor, weight, knots, may_be_nan in terms:
             value = signals[name][sl]
-            z = (value - values[mean]) * values[factor]
+            contribution = np.subtract(value, values[mean])
+            contribution *= values[factor]
             if knots is not None:
-                z = knot_transform_lanes(z, values[knots[0]], values[knots[1]], values[knots[2]])
-            contribution = values[weight] * z
+                contribution = knot_transform_lanes(contribution, values[knots[0]], values[knots[1]], values[knots[2]])
+            contribution *= values[weight]
             if may_be_nan:
-                contribution = np.where(np.isnan(value), 0.0, contribution)
-            total = total + contribution
+                np.putmask(contribution, np.isnan(value), 0.0)
+            if total is None:
+                total = contribution
+            else:
+                total += contribution
         return np.greater_equal(total, values[threshold])
 
     return _Evaluator(params, fires)
@@ -690,8 +695,8 @@ def _run_lanes(
             final[s.ids[finished]] = s.n[finished]
             refreshes_out[s.ids[finished]] = s.refreshes[finished]
             if starts:
-                started = np.stack(starts).astype(np.float64)
-                ended = np.concatenate([started[1:], s.n.astype(np.float64)[None]], axis=0)
+                started = np.stack(starts)
+                ended = np.concatenate([started[1:], s.n[None]], axis=0)
                 segments.append((s.ids, started, ended))
             starts = []
             if n_active == 0:
@@ -838,19 +843,23 @@ def _results(
     reps = tables.replicas
     per_policy = reps * n_req
     n_lanes = len(labels) * per_policy
-    osl = np.tile(tables.osl, len(labels) * reps).astype(np.float64)
+    osl = np.tile(tables.osl, len(labels) * reps).astype(np.int64)
     n_bins = max(1, -(-tables.n_positions // position_bin))
     edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
     rounds = np.zeros(n_lanes, dtype=np.int64)
-    sums = np.zeros(n_lanes * n_bins)
-    counts = np.zeros(n_lanes * n_bins, dtype=np.int64)
+    shift = position_bin.bit_length() - 1 if position_bin & (position_bin - 1) == 0 else None  # a power of 2
+    n_cells = n_lanes * n_bins  # (lane, position bin) cells; rounds after a lane's end go to one spare cell
+    sums = np.zeros(n_cells + 1)
+    counts = np.zeros(n_cells + 1, dtype=np.int64)
     for ids, started, ended in output.segments:
         active = started < osl[ids][None, :]
-        rounds[ids] += active.sum(axis=0)
-        lanes = np.broadcast_to(ids[None, :], started.shape)[active]
-        flat = lanes * n_bins + np.minimum(started[active].astype(np.int64) // position_bin, n_bins - 1)
-        sums += np.bincount(flat, weights=(ended - started)[active], minlength=n_lanes * n_bins)
-        counts += np.bincount(flat, minlength=n_lanes * n_bins)
+        rounds[ids] += np.count_nonzero(active, axis=0)
+        position_bins = started >> shift if shift is not None else started // position_bin
+        cell = ids[None, :] * n_bins + np.minimum(position_bins, n_bins - 1)
+        flat = np.where(active, cell, n_cells).ravel()
+        sums += np.bincount(flat, weights=(ended - started).ravel(), minlength=n_cells + 1)
+        counts += np.bincount(flat, minlength=n_cells + 1)
+    sums, counts = sums[:n_cells], counts[:n_cells]
     committed = np.rint(output.final).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         al = committed / rounds

@@ -153,8 +153,8 @@ class SignalEngine:
 
 
 def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np.ndarray:
-    """Set ``base`` (in place) to ``value`` where ``ready``, no baseline is held and the value exists."""
-    np.putmask(base, ready & np.isnan(base) & ~np.isnan(value), value)
+    """Set ``base`` (in place) to ``value`` where ``ready`` and no baseline is held (NaN: none yet)."""
+    np.putmask(base, ready & np.isnan(base), value)  # a missing value leaves the baseline missing
     return base
 
 
