@@ -13,7 +13,10 @@ same token at the same position every time, the cache restored to the same state
 - ``full``: `make_draft_cache(model, make_policy("full"))` (the same BudgetedLayer storage, full
   attention);
 - ``plain``: `transformers.DynamicCache(config=model.config)` (what the target uses; grows by
-  `torch.cat`, so every step copies the stored KV).
+  `torch.cat`, so every step copies the stored KV);
+- ``floor``: the budgeted cache at the smallest budget a scored policy allows (B = obs_window), so
+  its attention costs next to nothing: floor / full is the lowest budgeted / full ratio any budget
+  (or any cheaper gather) can reach for this model on this machine.
 
 ``refresh`` = one `BudgetedCache.refresh()` on the budgeted cache (SnapKV rescoring of every stored
 position with the last ``obs_window`` = 64 queries, in every layer), interleaved with the steps.
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="steps per variant per round")
     parser.add_argument("--refreshes", type=int, default=4, help="refreshes per round")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain DynamicCache variant")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor variant (B = obs_window)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -179,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import DynamicCache
 
             variants.append(Variant("plain", model, DynamicCache(config=model.config), tokens, args.context))
+        if not args.no_floor:
+            smallest = make_policy("rift-stat", budget=policy.obs_window)
+            variants.append(Variant("floor", model, make_draft_cache(model, smallest), tokens, args.context))
         for variant in variants:  # warm-up, not recorded
             variant.step()
             variant.times.clear()
@@ -250,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
         )
+        if "floor" in medians:
+            floor = medians["floor"] / medians["full"]
+            print(
+                f"  [{clock}] floor (B = {policy.obs_window}) / full step {floor:.3f}: no budget goes below this "
+                f"here ({'the 0.6 goal is within reach' if floor <= 0.6 else 'the 0.6 goal is out of reach'})"
+            )
         overhead = {delta: refresh / (delta * medians["budgeted"]) for delta in DELTAS}
         print(
             f"  [{clock}] refresh / budgeted step {refresh / medians['budgeted']:.2f}x; overhead per token "
@@ -265,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             "refresh_over_step": refresh / medians["budgeted"],
             "refresh_overhead_per_token": {str(delta): value for delta, value in overhead.items()},
         }
+        if "floor" in medians:
+            figures[clock]["floor_over_full"] = medians["floor"] / medians["full"]
     print("  next-token argmax: " + ", ".join(f"{name} {token}" for name, token in top.items()))
 
     if args.profile:
