@@ -19,7 +19,15 @@ import numpy as np
 from rift_ada.controller import make_controller_dict
 from rift_ada.policies.replay import replay_many
 
-__all__ = ["FidelityCase", "FidelitySetup", "fidelity_gate", "fidelity_setup", "measure_fidelity", "reopen_fidelity"]
+__all__ = [
+    "FidelityCase",
+    "FidelitySetup",
+    "fidelity_gate",
+    "fidelity_rows",
+    "fidelity_setup",
+    "measure_fidelity",
+    "reopen_fidelity",
+]
 
 
 @dataclass(frozen=True)
@@ -135,9 +143,18 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     )
     traces = read_probe_traces(out / "probe")
     closed = closed_results(out / "closed")
-    replays = replay_many(traces, ["stat", *periodic, gate], replicas=case.replicas, seed=case.seed)
+    rows = fidelity_rows(traces, closed, {"stat": "stat", **{p: p for p in periodic}, "gate": gate}, case)
+    atomic_write_json(out / "fidelity.json", json_safe({"case": case.__dict__, "model": model, "rows": rows}))
+    return rows
+
+
+def fidelity_rows(
+    traces: Any, closed: dict[str, dict[str, Any]], policies: dict[str, Any], case: FidelityCase
+) -> list[dict[str, Any]]:
+    """Per policy (label -> spec, labels as in ``closed``): replay of ``traces`` beside the closed loop."""
+    replays = replay_many(traces, list(policies.values()), replicas=case.replicas, seed=case.seed)
     rows = []
-    for label, replayed in zip(["stat", *periodic, "gate"], replays, strict=True):
+    for label, replayed in zip(policies, replays, strict=True):
         totals = closed[label]
         order = [list(map(str, totals["request_id"])).index(str(rid)) for rid in replayed.request_ids]
         closed_al = float(np.mean(np.asarray(totals["al"], dtype=np.float64)[order]))
@@ -153,5 +170,4 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
                 "closed_refreshes": closed_refreshes,
             }
         )
-    atomic_write_json(out / "fidelity.json", json_safe({"case": case.__dict__, "model": model, "rows": rows}))
     return rows

@@ -119,6 +119,22 @@ class ProbeTraces:
         """Sorted ages of the ``age:N`` arms."""
         return np.array(sorted(a for a in (arm_age(n) for n in self.arms) if a is not None), dtype=np.int64)
 
+    def with_arms(self, arms: list[str] | tuple[str, ...]) -> ProbeTraces:
+        """Traces restricted to the given arms, in that order (e.g. to replay with a sparser age grid)."""
+        idx = np.array([self.arm_index(arm) for arm in arms], dtype=np.int64)
+        return ProbeTraces(
+            requests=dict(self.requests),
+            arms=tuple(arms),
+            outcome=self.outcome[:, idx],
+            entropy=self.entropy[:, idx],
+            stride_signals={k: v[:, idx] for k, v in self.stride_signals.items()},
+            temperature=self.temperature,
+            draft_length=self.draft_length,
+            decision_stride=self.decision_stride,
+            manifest=dict(self.manifest),
+            token_acceptance=None if self.token_acceptance is None else self.token_acceptance[:, idx],
+        )
+
     def subset(self, indices: np.ndarray | list[int]) -> ProbeTraces:
         """Traces restricted to the given request indices (order kept)."""
         idx = np.asarray(indices, dtype=np.int64)
