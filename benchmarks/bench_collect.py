@@ -8,8 +8,9 @@ For each request the target response is generated once, greedily, with a plain f
 (`collectors.targets.generate_response`, EOS suppressed for ``--osl`` tokens). Then, interleaved and
 alternating the order every repeat, on the same prompt and response:
 
-- ``probe``: `probe_request(model, prompt, response, policy=make_policy("rift-stat", budget=B))`, all
-  9 arms (7 age arms, ``stat``, ``full``), decision stride 8;
+- ``probe``: `probe_request(model, prompt, response, policy=make_policy("rift-stat", budget=B))`, the
+  default arms (``DEFAULT_ARM_AGES``, ``stat``, ``full``: 11 since 2026-12-01, 9 in the figures recorded
+  before), decision stride 8;
 - ``closed``: one closed-loop draft/verify run of a single policy,
   `speculative_generate(model, prompt, policy=make_policy("rift-stat", budget=B), forced_tokens=response)`
   (KV self-speculation: the same model with a plain full-KV cache verifies; K = 11; T = 0);
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("probe", "closed"):
         wall, cpu = _median(runs[name]["wall"]), _median(runs[name]["cpu"])
         medians[name] = {"wall_s": wall, "cpu_s": cpu, "tok_s": n_tokens / wall, "tok_s_cpu": n_tokens / cpu}
-        label = "probe (9 arms)" if name == "probe" else "closed (1 policy)"
+        label = f"probe ({len(arms)} arms)" if name == "probe" else "closed (1 policy)"
         print(f"  {label:<22} {wall:8.2f} {n_tokens / wall:8.2f} {cpu:8.2f} {n_tokens / cpu:12.2f}")
     prefill_wall, prefill_cpu = _median(runs["prefill"]["wall"]), _median(runs["prefill"]["cpu"])
     print(f"  {'prompt prefill (once)':<22} {prefill_wall:8.2f} {'':>8} {prefill_cpu:8.2f}")

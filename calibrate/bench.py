@@ -33,6 +33,7 @@ from rift_ada.calibrate.evaluation import evaluate_run
 from rift_ada.calibrate.export import atomic_write_json, json_safe
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
+from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -64,7 +65,7 @@ class BenchSize:
     trials: int
     reference_interval: int = 64
     table_intervals: tuple[int, ...] = (16, 64, 128)
-    arm_ages: tuple[int, ...] = (0, 32, 64, 128, 256, 512, 768)
+    arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES
     max_age: int = 768
     min_isl: int = 900
     max_isl: int = 2048
@@ -119,14 +120,14 @@ BENCH_SIZES: dict[str, BenchSize] = {
         trials=8,
         reference_interval=16,
         table_intervals=(16,),
-        arm_ages=(0, 16, 32, 48),
+        arm_ages=(0, 8, 16, 32, 48),
         max_age=48,
         min_isl=0,
         max_isl=1100,
         table_requests=1,
         batch_size=16,
     ),
-    # `make demo`: 16 min on 2 idle CPU cores (docs/performance.md). The Table 1 methods beyond the
+    # `make demo`: 10-20 min on 2 CPU cores (docs/performance.md, "Demo and benchmark"). The Table 1 methods beyond the
     # confirmation's three took 11 min on 2 requests, so the demo runs none (table_requests=0).
     "small": BenchSize(
         n_requests=12,
@@ -134,7 +135,7 @@ BENCH_SIZES: dict[str, BenchSize] = {
         budgets=(256,),
         temperatures=(0.0,),
         trials=120,
-        arm_ages=(0, 32, 64, 128, 256),
+        arm_ages=(0, 8, 16, 32, 64, 128, 256),
         max_age=256,
         max_isl=1100,
         split=(0.25, 0.25, 0.5),

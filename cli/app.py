@@ -19,6 +19,9 @@ from rich.text import Text
 
 from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail
 from rift_ada.cli._progress import ProgressReporter
+from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+
+_DEFAULT_ARM_AGES = ",".join(map(str, DEFAULT_ARM_AGES))
 
 app = typer.Typer(
     name="rift-ada",
@@ -341,7 +344,7 @@ def collect(
         float, typer.Option(callback=_share, help="Sliding-window share of the budget (rho), in (0, 1].")
     ] = 0.5,
     block_size: Annotated[int | None, typer.Option(min=1, help="Block-level selection (paged serving).")] = None,
-    arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = "0,32,64,128,256,512,768",
+    arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = _DEFAULT_ARM_AGES,
     seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling and target generation.")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Cap on generated target tokens.")] = 512,

@@ -17,7 +17,10 @@ import numpy as np
 
 ARM_STAT = "stat"
 ARM_FULL = "full"
-DEFAULT_ARM_AGES: tuple[int, ...] = (0, 32, 64, 128, 256, 512, 768)
+# The design's recommended grid (0, 32, ..., 768) plus 8 and 16: a draft's AL falls fastest in the first
+# strides after a refresh, so interpolating between the 0 and 32 arms read young working sets several
+# percent too high (docs/calibration.md, "Which arm grid").
+DEFAULT_ARM_AGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256, 512, 768)
 REQUEST_COLUMNS: tuple[str, ...] = ("request_id", "dataset", "category", "tier", "isl", "osl")
 STRIDE_SIGNALS: tuple[str, ...] = ("query_drift", "retained_mass")
 

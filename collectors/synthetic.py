@@ -12,7 +12,11 @@ from typing import Literal
 
 import numpy as np
 
-from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, ProbeTraces, age_arm
+from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, age_arm
+
+# Fixed, so that replay benchmarks and tests on synthetic traces keep their shape when the probe's
+# default grid changes (the design's recommended grid).
+SYNTHETIC_ARM_AGES: tuple[int, ...] = (0, 32, 64, 128, 256, 512, 768)
 
 
 def synthetic_traces(
@@ -20,7 +24,7 @@ def synthetic_traces(
     osl: int = 4096,
     *,
     temperature: float = 0.0,
-    arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES,
+    arm_ages: tuple[int, ...] = SYNTHETIC_ARM_AGES,
     planted: Literal["entropy", "none"] = "entropy",
     seed: int = 0,
     draft_length: int = 11,
