@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_probe_batch.py                 # SmolLM2-135M, 1 thread
     .venv/bin/python benchmarks/bench_probe_batch.py --threads 2
+    .venv/bin/python benchmarks/bench_probe_batch.py --rows 1,8 --tokens 1 --context 448   # decode steps
 
 The probe (`rift_ada.collectors.probe`) runs, per 8-token stride of one request, one batched
 forward of its compressed arms (8 rows × 8 tokens with the default arms) over working sets of
@@ -11,6 +12,10 @@ shape of forward (rows × 8 new tokens over a cache of ``--context`` tokens per 
 per token relative to 8 rows: the most a request-batched probe could save on its forwards. The
 probe's per-arm work outside the forward (rescoring, softmax over the vocabulary) scales with the
 rows either way.
+
+With ``--rows 1,8 --tokens 1`` (or ``--tokens 12``, a verification) the same measurement is the
+ceiling of batching on this machine: the model's own forward with a plain cache and no rift-ada
+code, at batch 8 against batch 1. A batched loop built on that forward cannot gain more per token.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,9 @@ def main() -> int:
     if args.quick:
         args.requests, args.positions = 20, 1024
     before = load_before(args.before)
+    # An earlier replay that samples replicas at T > 0 runs with the same count as now.
+    takes_replicas = "replicas" in inspect.signature(before.replay_many).parameters
+    before_options = {"replicas": args.replicas} if takes_replicas else {}
     for temperature in args.temperature:
         traces = synthetic_traces(args.requests, args.positions, temperature=temperature, seed=0)
         fitted = ScorePolicy().fit(traces.subset(np.arange(min(20, args.requests))))
@@ -60,7 +64,7 @@ def main() -> int:
             times: dict[str, list[float]] = {"before": [], "now": []}
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                before.replay_many(traces, batch)
+                before.replay_many(traces, batch, **before_options)
                 times["before"].append(time.perf_counter() - start)
                 start = time.perf_counter()
                 current.replay_many(traces, batch, replicas=args.replicas)

@@ -18,7 +18,8 @@ from ``request_seed(s, r)``); its parts go to RUN/forced/seed-s, so an interrupt
 Replay walks the run's probe traces with ``--replicas`` replicas. Prints, per policy, replay's
 mean AL beside the loop's (mean over seeds), the relative gap with its standard error (the loop's
 acceptance-draw spread within each request over the seeds, and replay's over its replicas), and
-both refresh counts; the figures are saved in RUN/forced.json.
+both refresh counts; the figures are saved in RUN/forced.json (with ``--arm-ages``, replay reads only those arms of
+the probe and the figures go to RUN/forced-arms-<ages>.json; the loops resume).
 
 ``--free-seeds`` also runs the same policies free-running (RUN/free/seed-s; the run's own seed
 reuses RUN/closed) and prints, per pair of policies, what a confirmation would resample in each
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.calibrate.export import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import closed_results, collect_closed
+    from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, age_arm
     from rift_ada.collectors.trace_io import read_probe_traces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay_many
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--free-seeds", default="", help="also run free-running loops with these seeds")
+    parser.add_argument(
+        "--arm-ages", default="", help="replay only these probed age arms (comma separated; default: all of them)"
+    )
     args = parser.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     free_seeds = [int(x) for x in args.free_seeds.split(",") if x]
@@ -93,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     free_loops = {seed: run_loops(seed, free_running=True) for seed in free_seeds}
 
     traces = read_probe_traces(args.run / "probe")
+    arm_ages = [int(x) for x in args.arm_ages.split(",") if x]
+    if arm_ages:  # the same loops, replay reading fewer arms (docs/calibration.md, "Which arm grid")
+        traces = traces.with_arms([*(age_arm(age) for age in arm_ages), ARM_STAT, ARM_FULL])
     gate = json.loads(gate_path.read_text())
     replays = replay_many(traces, ["stat", *specs[1:-1], gate], replicas=args.replicas, seed=case.seed)
     rows = [
         _row(label, replayed, [loops[seed][label] for seed in seeds], args.replicas)
         for label, replayed in zip(labels, replays, strict=True)
     ]
-    print(f"{case}\nteacher-forced loop on the target texts, seeds {seeds}; replay {args.replicas} replicas")
+    print(
+        f"{case}\nteacher-forced loop on the target texts, seeds {seeds}; replay {args.replicas} replicas, "
+        f"arms {', '.join(a for a in traces.arms)}"
+    )
     print(f"{'policy':<14} {'replay AL':>10} {'loop AL':>10} {'gap':>8} {'se':>7} {'replay ref':>11} {'loop ref':>9}")
     for row in rows:
         print(
@@ -116,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['sd']:>7.3f} {row['ci_half_width']:>14.3f}"
             )
     atomic_write_json(
-        args.run / "forced.json",
+        args.run / ("forced-arms-" + "-".join(map(str, arm_ages)) + ".json" if arm_ages else "forced.json"),
         json_safe(
             {
                 "case": case.__dict__,
@@ -124,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seeds": seeds,
                 "free_seeds": free_seeds,
                 "replicas": args.replicas,
+                "arms": list(traces.arms),
                 "rows": rows,
                 "pair_spreads": spreads,
             }
