@@ -847,15 +847,13 @@ def _results(
     n_bins = max(1, -(-tables.n_positions // position_bin))
     edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
     rounds = np.zeros(n_lanes, dtype=np.int64)
-    shift = position_bin.bit_length() - 1 if position_bin & (position_bin - 1) == 0 else None  # a power of 2
     n_cells = n_lanes * n_bins  # (lane, position bin) cells; rounds after a lane's end go to one spare cell
     sums = np.zeros(n_cells + 1)
     counts = np.zeros(n_cells + 1, dtype=np.int64)
     for ids, started, ended in output.segments:
         active = started < osl[ids][None, :]
         rounds[ids] += np.count_nonzero(active, axis=0)
-        position_bins = started >> shift if shift is not None else started // position_bin
-        cell = ids[None, :] * n_bins + np.minimum(position_bins, n_bins - 1)
+        cell = ids[None, :] * n_bins + np.minimum(started // position_bin, n_bins - 1)
         flat = np.where(active, cell, n_cells).ravel()
         sums += np.bincount(flat, weights=(ended - started).ravel(), minlength=n_cells + 1)
         counts += np.bincount(flat, minlength=n_cells + 1)
