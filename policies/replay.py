@@ -554,8 +554,8 @@ def _group_evaluators(policies: list[dict[str, Any]], n_requests: int, nan_signa
 
 @dataclass
 class _LaneOutput:
-    # Per compaction segment: (lane ids, round starts (k, m), round ends (k, m)).
-    segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    # Per compaction segment: (lane ids (m,), round starts (k, m)), k lockstep iterations.
+    segments: list[tuple[np.ndarray, np.ndarray]]
     final: np.ndarray  # (L,) final position
     refreshes: np.ndarray  # (L,)
     refresh_events: list[tuple[np.ndarray, np.ndarray]] | None
@@ -636,7 +636,7 @@ def _run_lanes(
 
     final = np.zeros(n_lanes)
     refreshes_out = np.zeros(n_lanes, dtype=np.int64)
-    segments: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    segments: list[tuple[np.ndarray, np.ndarray]] = []
     starts: list[np.ndarray] = []
     iteration = 0
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -695,9 +695,7 @@ def _run_lanes(
             final[s.ids[finished]] = s.n[finished]
             refreshes_out[s.ids[finished]] = s.refreshes[finished]
             if starts:
-                started = np.stack(starts)
-                ended = np.concatenate([started[1:], s.n[None]], axis=0)
-                segments.append((s.ids, started, ended))
+                segments.append((s.ids, np.stack(starts)))
             starts = []
             if n_active == 0:
                 break
@@ -846,18 +844,7 @@ def _results(
     osl = np.tile(tables.osl, len(labels) * reps).astype(np.int64)
     n_bins = max(1, -(-tables.n_positions // position_bin))
     edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
-    rounds = np.zeros(n_lanes, dtype=np.int64)
-    n_cells = n_lanes * n_bins  # (lane, position bin) cells; rounds after a lane's end go to one spare cell
-    sums = np.zeros(n_cells + 1)
-    counts = np.zeros(n_cells + 1, dtype=np.int64)
-    for ids, started, ended in output.segments:
-        active = started < osl[ids][None, :]
-        rounds[ids] += np.count_nonzero(active, axis=0)
-        cell = ids[None, :] * n_bins + np.minimum(started // position_bin, n_bins - 1)
-        flat = np.where(active, cell, n_cells).ravel()
-        sums += np.bincount(flat, weights=(ended - started).ravel(), minlength=n_cells + 1)
-        counts += np.bincount(flat, minlength=n_cells + 1)
-    sums, counts = sums[:n_cells], counts[:n_cells]
+    rounds, sums, counts = _rounds_by_position(output, osl, np.minimum(edges[None, :], osl[:, None]))
     committed = np.rint(output.final).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         al = committed / rounds
@@ -897,6 +884,35 @@ def _results(
             )
         )
     return results
+
+
+def _rounds_by_position(
+    output: _LaneOutput, osl: np.ndarray, edges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds (L,), committed tokens (L, B), rounds (L, B)) of the rounds each lane started in each
+    position bin, ``edges`` (L, B + 1) the bins' bounds cut at the lane's OSL.
+
+    A lane's round starts increase and each round ends where the next starts (the last at the
+    lane's final position), so the rounds starting in [a, b) commit G(b) - G(a) tokens, G(x) being
+    the first start at or after x (else the final position), and number I(b) - I(a), I(x) being the
+    count of starts before x. Both come from one ``searchsorted`` per segment of the walk, whose
+    columns (lanes) are laid end to end with offsets so that the flattened starts are sorted.
+    """
+    n_lanes, n_edges = edges.shape
+    below = np.zeros((n_lanes, n_edges), dtype=np.int64)  # I(edge)
+    first_at = np.broadcast_to(output.final.astype(np.int64)[:, None], edges.shape).copy()  # G(edge)
+    spread = int(max(osl.max(initial=0), output.final.max(initial=0))) + 1  # > every start
+    for ids, started in output.segments:
+        k, m = started.shape
+        offsets = np.arange(m, dtype=np.int64) * spread
+        flat = (started.T + offsets[:, None]).ravel()
+        found = np.searchsorted(flat, (edges[ids] + offsets[:, None]).ravel()).reshape(m, n_edges)
+        in_column = found - (np.arange(m, dtype=np.int64) * k)[:, None]
+        below[ids] += in_column
+        value = flat[np.minimum(found, len(flat) - 1)] - offsets[:, None]
+        first_at[ids] = np.minimum(first_at[ids], np.where(in_column < k, value, first_at[ids]))
+    counts = np.diff(below, axis=1)
+    return below[:, -1], np.diff(first_at, axis=1).astype(np.float64), counts
 
 
 def _replica_mean(values: np.ndarray) -> np.ndarray:
