@@ -370,6 +370,27 @@ def test_accepted_length_from_match_bits_at_t0() -> None:
     assert result.position_edges.tolist() == [0, 4, 8, 12, 16]
 
 
+def test_al_by_position_equals_the_rounds_walked_by_hand() -> None:
+    traces = synthetic_traces(12, 700, seed=5, vary_length=True)
+    k, bin_width = traces.draft_length, 37
+    # Batched with refreshing policies, so the lockstep walk compacts lanes that finish at different times.
+    stat, full, *_ = replay_many(traces, ["stat", "full", "periodic:64", "periodic:256"], position_bin=bin_width)
+    for result, arm in ((stat, "stat"), (full, "full")):
+        matches = traces.outcome[:, traces.arm_index(arm)] > 0.5
+        for r in range(traces.n_requests):
+            osl, n, lengths = int(traces.osl[r]), 0, {}
+            while n < osl:
+                run = 0
+                while run < k and n + run < osl and matches[r, n + run]:
+                    run += 1
+                accepted_len = min(1 + run, osl - n)
+                lengths.setdefault(n // bin_width, []).append(accepted_len)
+                n += accepted_len
+            expected = [np.mean(lengths[b]) if b in lengths else np.nan for b in range(len(result.position_edges) - 1)]
+            assert np.array_equal(result.al_by_position[r], expected, equal_nan=True), (arm, r)
+            assert result.rounds[r] == sum(len(v) for v in lengths.values()) and result.committed[r] == osl
+
+
 def test_osl_shorter_than_positions_at_t0() -> None:
     traces = one_request_traces([1] * 20, 0.0, draft_length=11, osl=15)
     result = replay(traces, "stat")
