@@ -48,6 +48,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--replicas", type=int, default=None, help="sampling replicas now at T > 0 (default 4)")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument(
+        "--rounds", action="store_true", help="also print the rounds each version walks (slowest lane, all lanes)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests, args.positions = 20, 1024
@@ -70,6 +73,16 @@ def main() -> int:
                 current.replay_many(traces, batch, replicas=args.replicas)
                 times["now"].append(time.perf_counter() - start)
             rate_before, rate_now = (len(batch) / min(times[key]) for key in ("before", "now"))
+            if args.rounds:  # the work: lockstep iterations (the slowest lane's rounds) and lane-rounds
+                for key, results in (
+                    ("before", before.replay_many(traces, batch, **before_options)),
+                    ("now", current.replay_many(traces, batch, replicas=args.replicas)),
+                ):
+                    rounds = np.concatenate([np.atleast_1d(result.rounds) for result in results])
+                    print(
+                        f"T={temperature:g} {family:<9} {key:<6} rounds: slowest lane {int(rounds.max()):,}, "
+                        f"all {int(rounds.sum()):,}"
+                    )
             print(
                 f"T={temperature:g} {family:<9} batched eval/s before {rate_before:7.1f}  now {rate_now:7.1f}  "
                 f"now/before {rate_now / rate_before:5.2f}",
