@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "every parallel op; 0 = torch's default)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arm-ages", default=None, help="probe arm ages, comma separated (default: DEFAULT_ARM_AGES)")
     parser.add_argument("--quick", action="store_true", help="32 output tokens, 2 repeats")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.budget import make_policy
     from rift_ada.collectors.datasets import encode_prompt, load_dataset
     from rift_ada.collectors.probe import probe_arms, probe_request
+    from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+
+    arm_ages = tuple(int(x) for x in args.arm_ages.split(",")) if args.arm_ages else DEFAULT_ARM_AGES
     from rift_ada.collectors.targets import generate_response
     from rift_ada.models import PRESETS, load_model
     from rift_ada.speculative import _forward, speculative_generate
@@ -124,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             n_out = len(response)
 
             def probe(prompt: list[int] = prompt, response: list[int] = response) -> Any:
-                return probe_request(model, prompt, response, policy=policy, decision_stride=args.stride)
+                return probe_request(
+                    model, prompt, response, policy=policy, decision_stride=args.stride, arm_ages=arm_ages
+                )
 
             def closed(prompt: list[int] = prompt, response: list[int] = response, index: int = index) -> Any:
                 return speculative_generate(
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {load_before[0]:.1f} before / {load_after[0]:.1f} after; {args.repeats} repeats per request, "
         "order alternating"
     )
-    arms = probe_arms()
+    arms = probe_arms(arm_ages)
     print(f"  probe: {len(arms)} arms ({', '.join(arms)}), stride {args.stride}; closed: K = {args.draft_length}")
     for detail in details:
         print(
