@@ -4,7 +4,7 @@
         --arm-sets 0,32,64,128,256,512 0,16,32,64,128,256,512 0,8,16,24,32,48,64,128,256,512
 
 A finished ``benchmarks/fidelity.py`` run probes every arm once; replay of a sparser age grid is
-the same traces without some ``age:N`` arms (``ProbeTraces.with_arms``), so the arm grids compare
+the same traces without some ``age:N`` arms (``ProbeTraces.with_age_grid``), so the arm grids compare
 on identical targets, probes and closed loops. Prints, per arm set and policy, replay AL beside the
 closed loop's, the gap and both refresh counts (docs/calibration.md, "Replay fidelity").
 """
@@ -16,9 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from rift_ada.calibrate.fidelity import FidelityCase, fidelity_rows
+from rift_ada.calibrate.fidelity import fidelity_policies, fidelity_rows, read_fidelity_case
 from rift_ada.collectors.collect import closed_results
-from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, age_arm
 from rift_ada.collectors.trace_io import read_probe_traces
 
 
@@ -27,19 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py")
     parser.add_argument("--arm-sets", nargs="+", required=True, help="comma-separated arm ages, one set per argument")
     args = parser.parse_args(argv)
-    record = json.loads((args.run / "fidelity.json").read_text())
-    fields = dict(record["case"])
-    fields.update(periodic=tuple(fields["periodic"]), arm_ages=tuple(fields["arm_ages"]))
-    case = FidelityCase(**fields)
-    gate = json.loads((args.run / "gate.json").read_text())
+    case, _ = read_fidelity_case(args.run)
+    policies = fidelity_policies(case, json.loads((args.run / "gate.json").read_text()))
     traces = read_probe_traces(args.run / "probe")
     closed = closed_results(args.run / "closed")
-    policies = {"stat": "stat", **{f"periodic:{i}": f"periodic:{i}" for i in case.periodic}, "gate": gate}
     print(f"{args.run}: {case}")
     print(f"{'arm ages':<34} {'policy':<13} {'replay AL':>14} {'closed AL':>10} {'gap':>8} {'refreshes':>14}")
     for arm_set in args.arm_sets:
-        ages = [int(x) for x in arm_set.split(",")]
-        subset = traces.with_arms([*(age_arm(a) for a in ages), ARM_STAT, ARM_FULL])
+        subset = traces.with_age_grid([int(x) for x in arm_set.split(",")])
         for row in fidelity_rows(subset, closed, policies, case):
             print(
                 f"{arm_set:<34} {row['policy']:<13} {row['replay_al']:>7.3f} ± {row['replay_al_std']:.3f} "

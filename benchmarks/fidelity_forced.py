@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.calibrate.export import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import closed_results, collect_closed
-    from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, age_arm
     from rift_ada.collectors.trace_io import read_probe_traces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay_many
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = read_probe_traces(args.run / "probe")
     arm_ages = [int(x) for x in args.arm_ages.split(",") if x]
     if arm_ages:  # the same loops, replay reading fewer arms (docs/calibration.md, "Which arm grid")
-        traces = traces.with_arms([*(age_arm(age) for age in arm_ages), ARM_STAT, ARM_FULL])
+        traces = traces.with_age_grid(arm_ages)
     gate = json.loads(gate_path.read_text())
     replays = replay_many(traces, ["stat", *specs[1:-1], gate], replicas=args.replicas, seed=case.seed)
     rows = [

@@ -23,9 +23,11 @@ __all__ = [
     "FidelityCase",
     "FidelitySetup",
     "fidelity_gate",
+    "fidelity_policies",
     "fidelity_rows",
     "fidelity_setup",
     "measure_fidelity",
+    "read_fidelity_case",
     "reopen_fidelity",
 ]
 
@@ -103,16 +105,26 @@ def fidelity_setup(out_dir: str | Path, case: FidelityCase, model: str = "smollm
     return FidelitySetup(pair, requests, settings, targets)
 
 
-def reopen_fidelity(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any], FidelitySetup]:
-    """(case, fidelity.json, setup) of a finished :func:`measure_fidelity` run (diagnostics rerun parts of it)."""
+def read_fidelity_case(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any]]:
+    """(case, fidelity.json) of a finished :func:`measure_fidelity` run, without loading any model."""
     import json
 
     record = json.loads((Path(out_dir) / "fidelity.json").read_text())
     fields = dict(record["case"])
     for key in ("periodic", "arm_ages"):
         fields[key] = tuple(fields[key])
-    case = FidelityCase(**fields)
+    return FidelityCase(**fields), record
+
+
+def reopen_fidelity(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any], FidelitySetup]:
+    """(case, fidelity.json, setup) of a finished :func:`measure_fidelity` run (diagnostics rerun parts of it)."""
+    case, record = read_fidelity_case(out_dir)
     return case, record, fidelity_setup(out_dir, case, record["model"])
+
+
+def fidelity_policies(case: FidelityCase, gate: dict[str, Any]) -> dict[str, Any]:
+    """Label -> replay spec of the policies a fidelity run measures (labels as its closed loop names them)."""
+    return {"stat": "stat", **{f"periodic:{i}": f"periodic:{i}" for i in case.periodic}, "gate": gate}
 
 
 def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
@@ -129,8 +141,8 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     gate = fidelity_gate(settings, max_age=max(case.arm_ages))
     gate_path = out / "gate.json"
     atomic_write_json(gate_path, gate)
-    periodic = [f"periodic:{interval}" for interval in case.periodic]
-    specs = ["stat", *periodic, str(gate_path)]
+    policies = fidelity_policies(case, gate)
+    specs = ["stat", *(f"periodic:{interval}" for interval in case.periodic), str(gate_path)]  # the gate as a file
     collect_closed(
         pair.draft,
         requests,
@@ -143,7 +155,7 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     )
     traces = read_probe_traces(out / "probe")
     closed = closed_results(out / "closed")
-    rows = fidelity_rows(traces, closed, {"stat": "stat", **{p: p for p in periodic}, "gate": gate}, case)
+    rows = fidelity_rows(traces, closed, policies, case)
     atomic_write_json(out / "fidelity.json", json_safe({"case": case.__dict__, "model": model, "rows": rows}))
     return rows
 

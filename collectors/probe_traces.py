@@ -122,8 +122,10 @@ class ProbeTraces:
         """Sorted ages of the ``age:N`` arms."""
         return np.array(sorted(a for a in (arm_age(n) for n in self.arms) if a is not None), dtype=np.int64)
 
-    def with_arms(self, arms: list[str] | tuple[str, ...]) -> ProbeTraces:
-        """Traces restricted to the given arms, in that order (e.g. to replay with a sparser age grid)."""
+    def with_age_grid(self, ages: list[int] | tuple[int, ...]) -> ProbeTraces:
+        """Traces with only the ``age:N`` arms of ``ages`` (in that order) and every other arm (``stat``,
+        ``full``): replay of a sparser age grid on the same probe."""
+        arms = [age_arm(age) for age in ages] + [name for name in self.arms if arm_age(name) is None]
         idx = np.array([self.arm_index(arm) for arm in arms], dtype=np.int64)
         return ProbeTraces(
             requests=dict(self.requests),

@@ -844,7 +844,7 @@ def _results(
     osl = np.tile(tables.osl, len(labels) * reps).astype(np.int64)
     n_bins = max(1, -(-tables.n_positions // position_bin))
     edges = np.arange(n_bins + 1, dtype=np.int64) * position_bin
-    rounds, sums, counts = _rounds_by_position(output, osl, np.minimum(edges[None, :], osl[:, None]))
+    rounds, sums, counts = _rounds_by_position(output, np.minimum(edges[None, :], osl[:, None]))
     committed = np.rint(output.final).astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         al = committed / rounds
@@ -886,9 +886,7 @@ def _results(
     return results
 
 
-def _rounds_by_position(
-    output: _LaneOutput, osl: np.ndarray, edges: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rounds_by_position(output: _LaneOutput, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rounds (L,), committed tokens (L, B), rounds (L, B)) of the rounds each lane started in each
     position bin, ``edges`` (L, B + 1) the bins' bounds cut at the lane's OSL.
 
@@ -901,7 +899,7 @@ def _rounds_by_position(
     n_lanes, n_edges = edges.shape
     below = np.zeros((n_lanes, n_edges), dtype=np.int64)  # I(edge)
     first_at = np.broadcast_to(output.final.astype(np.int64)[:, None], edges.shape).copy()  # G(edge)
-    spread = int(max(osl.max(initial=0), output.final.max(initial=0))) + 1  # > every start
+    spread = int(max(edges.max(initial=0), output.final.max(initial=0))) + 1  # > every start and edge
     for ids, started in output.segments:
         k, m = started.shape
         offsets = np.arange(m, dtype=np.int64) * spread
@@ -911,8 +909,7 @@ def _rounds_by_position(
         below[ids] += in_column
         value = flat[np.minimum(found, len(flat) - 1)] - offsets[:, None]
         first_at[ids] = np.minimum(first_at[ids], np.where(in_column < k, value, first_at[ids]))
-    counts = np.diff(below, axis=1)
-    return below[:, -1], np.diff(first_at, axis=1).astype(np.float64), counts
+    return below[:, -1], np.diff(first_at, axis=1).astype(np.float64), np.diff(below, axis=1)
 
 
 def _replica_mean(values: np.ndarray) -> np.ndarray:

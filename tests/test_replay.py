@@ -473,19 +473,20 @@ def test_policy_beyond_the_probed_ages_is_refused() -> None:
 
 def test_traces_with_fewer_arms_replay_as_traces_probed_with_only_those_arms() -> None:
     traces = synthetic_traces(4, 700, seed=3)  # arms 0, 32, ..., 768, stat, full
-    sparse = traces.with_arms(["age:0", "age:64", "age:128", "age:768", "stat", "full"])
+    sparse = traces.with_age_grid([0, 64, 128, 768])
+    assert sparse.arms == ("age:0", "age:64", "age:128", "age:768", "stat", "full")
     assert sparse.age_grid.tolist() == [0, 64, 128, 768]
     assert np.array_equal(sparse.outcome[:, 1], traces.outcome[:, traces.arm_index("age:64")])
     assert np.array_equal(
         sparse.stride_signals["query_drift"][:, 4], traces.stride_signals["query_drift"][:, traces.arm_index("stat")]
     )
     # The same arms in another order replay identically; without some arms, ages mix other arms.
-    shuffled = traces.with_arms(list(reversed(traces.arms)))
+    shuffled = traces.with_age_grid(list(reversed(traces.age_grid.tolist())))
     assert replay(shuffled, "periodic:96").al.tolist() == replay(traces, "periodic:96").al.tolist()
     assert replay(sparse, "stat").al.tolist() == replay(traces, "stat").al.tolist()
     assert replay(sparse, "periodic:96").al.tolist() != replay(traces, "periodic:96").al.tolist()
     with pytest.raises(KeyError, match="age:16"):
-        traces.with_arms(["age:16"])
+        traces.with_age_grid([16])
 
 
 def test_named_policies() -> None:
