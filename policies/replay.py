@@ -222,9 +222,9 @@ def _check_age_range(traces: ProbeTraces, plan: _Plan) -> None:
 
 @dataclass
 class _Tables:
-    accepted: np.ndarray  # (V * R * A * W,) int16: AL of a round starting at n (V replicas)
+    accepted: np.ndarray  # (V * R * A * W,) int8 (int16 for K >= 127): AL of a round starting at n (V replicas)
     entropy: np.ndarray  # (V * R * A * W,): entropy sum over that round's min(AL, K) first positions
-    drift: np.ndarray | None  # (R * A * W,): drift of the stride holding position m - 1 (index m)
+    drift: np.ndarray | None  # (V * R * A * W,) as recorded: drift of the stride holding position m - 1 (index m)
     dither: np.ndarray  # (R * W,): arm-mix dither of a round starting at n
     width: int  # W = P + 1
     n_arms: int
@@ -278,16 +278,19 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
     drift_table = None
     drift_may_be_nan = True
     if "query_drift" in traces.stride_signals:
-        drift = traces.stride_signals["query_drift"].astype(np.float64)
+        drift = traces.stride_signals["query_drift"]  # kept in float32 where recorded so (exact, half the bytes)
+        drift = drift.astype(np.float32 if drift.dtype in (np.float16, np.float32) else np.float64)
         stride_of_last = np.clip((positions - 1) // traces.decision_stride, 0, drift.shape[2] - 1)
         table = drift[:, :, stride_of_last]
         table[:, :, 0] = np.nan
         drift_may_be_nan = bool(np.isnan(np.where(valid, table[:, :, 1:], 0.0)).any())
-        drift_table = table.reshape(-1)
+        # laid out as `accepted` (one copy per replica), so a round's drift is read at its row + AL
+        drift_table = np.broadcast_to(table, (replicas, *table.shape)).reshape(-1)
+    al_dtype = np.int8 if k < np.iinfo(np.int8).max else np.int16
     request = np.arange(n_req, dtype=np.float64)[:, None]
     dither = np.modf(_PHI * (positions[None, :] + 1.0) + _SQRT2 * (request + 1.0))[0]
     return _Tables(
-        accepted=accepted_len.astype(np.int16).reshape(-1),  # small: the walk reads it at random
+        accepted=accepted_len.astype(al_dtype).reshape(-1),  # small: the walk reads it at random
         entropy=entropy_sum.reshape(-1),
         drift=drift_table,
         dither=dither.reshape(-1),
@@ -595,7 +598,6 @@ def _run_lanes(
     s = _LaneState(
         ids=np.arange(n_lanes),  # original lane of each slot (slots shrink as lanes finish)
         base=lane_slot * (tables.n_arms * tables.width),
-        drift_base=lane_req * (tables.n_arms * tables.width),
         dither_base=lane_req * tables.width,
         osl=tables.osl[lane_req],
         n=np.zeros(n_lanes, dtype=np.int64),
@@ -624,6 +626,7 @@ def _run_lanes(
             alpha=_lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], per_policy),
             rounds=controllers[0]["signals"]["acceptance"]["rounds"],
             need=used,
+            max_accepted=tables.draft_length + 1,
         )
         nan_signals = {"query_drift"} if tables.drift_may_be_nan or tables.drift is None else set()
         if tables.entropy_has_nan:
@@ -632,7 +635,6 @@ def _run_lanes(
         evaluators = _group_evaluators([c["policy"] for c in controllers], per_policy, nan_signals)
         need_entropy = engine.need_entropy
         need_drift = engine.need_drift and tables.drift is not None
-    k = float(tables.draft_length)
 
     final = np.zeros(n_lanes)
     refreshes_out = np.zeros(n_lanes, dtype=np.int64)
@@ -649,21 +651,20 @@ def _run_lanes(
                 mix = tables.dither.take(s.dither_base + n) < arms.weight.take(age)
                 arm = np.where(mix, arms.older.take(age), arm)
             row = s.base + arm + n
-            step = tables.accepted.take(row).astype(np.int64)
-            accepted_len = step.astype(np.float64)
+            step = tables.accepted.take(row)
             n_new = n + step
             s.n = n_new
             if engine is not None:
                 if need_entropy:
-                    engine.record_round(accepted_len, tables.entropy.take(row), np.minimum(accepted_len, k))
+                    engine.record_round(step, tables.entropy.take(row), np.minimum(step, tables.draft_length))
                 else:
-                    engine.record_round(accepted_len)
+                    engine.record_round(step)
                 new_stride_index = n_new // s.stride
                 decision = new_stride_index > s.stride_index
                 s.stride_index = new_stride_index
                 if np.count_nonzero(decision):
                     age = age + step
-                    drift = tables.drift.take(s.drift_base + arm + n_new) if need_drift else None
+                    drift = tables.drift.take(row + step).astype(np.float64) if need_drift else None
                     signals = engine.decide(decision, drift)
                     if observer is not None:
                         where = np.flatnonzero(decision)

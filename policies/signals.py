@@ -34,7 +34,11 @@ class SignalEngine:
     """Signal state of ``n_lanes`` lanes stepped in lockstep (every lane records one round per step).
 
     ``alpha``: the EWMA weight, a float or one value per lane; ``rounds``: the acceptance window
-    (shared by all lanes); ``need``: the signals to compute (others come back absent).
+    (shared by all lanes); ``need``: the signals to compute (others come back absent);
+    ``max_accepted``: the caller promises integer ALs in 0 .. max_accepted (replay's rounds). Then,
+    with one ``alpha`` for all lanes, the EWMA of every possible window is tabulated once by the
+    same recurrence (:func:`_window_table`), each lane keeps its window as one integer, and a
+    decision reads its acceptance with one lookup; results are bit-identical to the recurrence.
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class SignalEngine:
         alpha: float | np.ndarray,
         rounds: int,
         need: Iterable[str] = SIGNAL_NAMES,
+        max_accepted: int | None = None,
     ) -> None:
         need = set(need)
         unknown = need - set(SIGNAL_NAMES)
@@ -61,9 +66,21 @@ class SignalEngine:
         self.need_drift = "query_drift" in need
         self.need_baselines = self.need_drop or self.need_rise
         self.history: list[np.ndarray] = []  # AL of the last `rounds` rounds, oldest first
+        self.window_table: np.ndarray | None = None
+        if self.need_acceptance and max_accepted is not None and np.ndim(alpha) == 0:
+            self.window_table = _window_table(float(alpha), self.rounds, int(max_accepted))
+        if self.window_table is not None:
+            self.digits = int(max_accepted) + 2  # ALs 0 .. max_accepted and "no round yet"
+            self.window_modulus = self.digits**self.rounds
+            self.window = np.full(n_lanes, self.window_modulus - 1, dtype=np.int64)  # no rounds yet
+            # a window's code -> the code with its oldest round dropped and the newest place at 0
+            codes = np.arange(self.window_modulus, dtype=np.int64)
+            self.window_shift = (codes % (self.window_modulus // self.digits)) * self.digits
         self.entropy_sum = np.zeros(n_lanes)
         self.entropy_count = np.zeros(n_lanes)
-        self.since_refresh = np.zeros(n_lanes, dtype=np.int64)  # rounds completed since the last refresh
+        self.rounds_recorded = 0  # rounds every lane has recorded (lanes step in lockstep)
+        # a lane's window lies after its refresh once rounds_recorded >= ready_from
+        self.ready_from = np.full(n_lanes, self.rounds, dtype=np.int64)
         self.base_acceptance = np.full(n_lanes, np.nan)
         self.base_entropy = np.full(n_lanes, np.nan)
 
@@ -71,16 +88,18 @@ class SignalEngine:
         self, accepted_len: np.ndarray, entropy_sum: np.ndarray | None = None, entropy_count: np.ndarray | None = None
     ) -> None:
         """One round per lane: its AL and the sum / count of its committed-conditioned draft entropies."""
-        if self.need_acceptance:
-            self.history.append(accepted_len)
+        if self.window_table is not None:
+            self.window = self.window_shift.take(self.window)
+            self.window += accepted_len
+        elif self.need_acceptance:
+            self.history.append(np.asarray(accepted_len, dtype=np.float64))
             if len(self.history) > self.rounds:
                 del self.history[0]
         if self.need_entropy:
             assert entropy_sum is not None and entropy_count is not None
             self.entropy_sum += entropy_sum
             self.entropy_count += entropy_count
-        if self.need_baselines:
-            self.since_refresh += 1
+        self.rounds_recorded += 1
 
     def decide(self, decision: np.ndarray, drift: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Signals of every lane (meaningful where ``decision``); updates the decision lanes' state.
@@ -89,9 +108,9 @@ class SignalEngine:
         deciding lane whose window lies after its refresh takes its baselines.
         """
         signals: dict[str, np.ndarray] = {}
-        ready = decision & (self.since_refresh >= self.rounds) if self.need_baselines else decision
+        ready = decision & (self.ready_from <= self.rounds_recorded) if self.need_baselines else decision
         if self.need_acceptance:
-            acceptance = self._ewma()
+            acceptance = self._ewma() if self.window_table is None else self.window_table.take(self.window)
             signals["acceptance"] = acceptance
             if self.need_drop:
                 signals["acceptance_drop"] = self.base_acceptance_from(acceptance, ready) - acceptance
@@ -109,11 +128,8 @@ class SignalEngine:
 
     def _ewma(self) -> np.ndarray:
         if not self.history:
-            return np.full(len(self.since_refresh), np.nan)
-        acceptance = self.history[0]
-        for accepted_len in self.history[1:]:
-            acceptance = self.alpha * accepted_len + self.one_minus_alpha * acceptance
-        return acceptance
+            return np.full(len(self.ready_from), np.nan)
+        return _window_ewma(self.history, self.alpha, self.one_minus_alpha)
 
     def base_acceptance_from(self, acceptance: np.ndarray, ready: np.ndarray) -> np.ndarray:
         """Acceptance baselines, taken now where ``ready`` and none is held (NaN: no baseline yet)."""
@@ -131,12 +147,14 @@ class SignalEngine:
             np.putmask(self.base_acceptance, refresh, np.nan)
         if self.need_rise:
             np.putmask(self.base_entropy, refresh, np.nan)
-        np.putmask(self.since_refresh, refresh, 0)
+        np.putmask(self.ready_from, refresh, self.rounds_recorded + self.rounds)
 
     def keep(self, mask: np.ndarray) -> None:
         """Drop the lanes where ``mask`` is False."""
         self.history = [h[mask] for h in self.history]
-        for name in ("entropy_sum", "entropy_count", "since_refresh", "base_acceptance", "base_entropy"):
+        if self.window_table is not None:
+            self.window = self.window[mask]
+        for name in ("entropy_sum", "entropy_count", "ready_from", "base_acceptance", "base_entropy"):
             setattr(self, name, getattr(self, name)[mask])
         if isinstance(self.alpha, np.ndarray):
             self.alpha = self.alpha[mask]
@@ -146,10 +164,40 @@ class SignalEngine:
         """Debugging view of the per-lane state."""
         return {
             "history": [h.copy() for h in self.history],
-            "since_refresh": self.since_refresh.copy(),
+            "ready_from": self.ready_from.copy(),
             "base_acceptance": self.base_acceptance.copy(),
             "base_entropy": self.base_entropy.copy(),
         }
+
+
+def _window_ewma(history: list[np.ndarray], alpha: Any, one_minus_alpha: Any) -> np.ndarray:
+    """The acceptance EWMA of a window of rounds (oldest first, seeded with the oldest)."""
+    acceptance = history[0]
+    for accepted_len in history[1:]:
+        acceptance = alpha * accepted_len + one_minus_alpha * acceptance
+    return acceptance
+
+
+_WINDOW_TABLE_ENTRIES = 1 << 16  # larger windows fall back to the recurrence at every decision
+
+
+def _window_table(alpha: float, rounds: int, max_accepted: int) -> np.ndarray | None:
+    """EWMA of every window of ``rounds`` integer ALs in 0 .. max_accepted, indexed by the window's
+    base-(max_accepted + 2) digits, oldest first; the digit max_accepted + 1 marks "no round yet"
+    (only ever in the oldest places). None if the table would exceed ``_WINDOW_TABLE_ENTRIES``."""
+    digits = max_accepted + 2
+    if digits**rounds > _WINDOW_TABLE_ENTRIES:
+        return None
+    code = np.arange(digits**rounds, dtype=np.int64)
+    places = [(code // digits ** (rounds - 1 - i)) % digits for i in range(rounds)]  # oldest first
+    table = np.full(len(code), np.nan)
+    for missing in range(rounds):  # windows whose `missing` oldest places hold no round yet
+        held = np.ones(len(code), dtype=bool)
+        for i, place in enumerate(places):
+            held &= (place == digits - 1) if i < missing else (place < digits - 1)
+        history = [place[held].astype(np.float64) for place in places[missing:]]
+        table[held] = _window_ewma(history, alpha, 1.0 - alpha)
+    return table
 
 
 def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np.ndarray:

@@ -95,3 +95,50 @@ def test_engine_baseline_rule_by_hand() -> None:
     assert third["entropy"].tolist() == [0.0, 1.0]  # lane 1 did not decide last time: (1 + 2 + 0) / 3
     with pytest.raises(ValueError, match="unknown signals"):
         SignalEngine(1, alpha=0.4, rounds=4, need=["loss"])
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3, 4])
+@pytest.mark.parametrize("alpha", [0.4, 0.73, 1.0])
+def test_tabulated_window_equals_the_recurrence(rounds: int, alpha: float) -> None:
+    """Integer ALs (replay's rounds): the engine's table of windows gives the recurrence's signals bit
+    for bit, through decisions, baselines, refreshes and dropped lanes."""
+    rng = np.random.default_rng(rounds * 100 + int(alpha * 100))
+    lanes, max_accepted = 40, 12
+    tabulated = SignalEngine(lanes, alpha=alpha, rounds=rounds, max_accepted=max_accepted)
+    recurrence = SignalEngine(lanes, alpha=alpha, rounds=rounds)
+    assert tabulated.window_table is not None and recurrence.window_table is None
+    kept = np.arange(lanes)
+    for step in range(60):
+        accepted = rng.integers(0, max_accepted + 1, len(kept)).astype(np.int8)
+        entropy_count = np.minimum(accepted, max_accepted - 1)
+        entropy_sum = rng.uniform(0.0, 2.0, len(kept)) * entropy_count
+        tabulated.record_round(accepted, entropy_sum, entropy_count)
+        recurrence.record_round(accepted.astype(np.float64), entropy_sum, entropy_count.astype(np.float64))
+        decision = rng.random(len(kept)) < 0.7
+        got, want = tabulated.decide(decision), recurrence.decide(decision)
+        assert got.keys() == want.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"step {step}, {name}")
+        refresh = decision & (rng.random(len(kept)) < 0.2)
+        tabulated.refreshed(refresh)
+        recurrence.refreshed(refresh)
+        if step % 20 == 19:  # lanes finish and leave
+            keep = rng.random(len(kept)) < 0.8
+            tabulated.keep(keep)
+            recurrence.keep(keep)
+            kept = kept[keep]
+
+
+def test_window_table_falls_back_where_it_cannot_hold() -> None:
+    """Per-lane alphas and windows too large to tabulate use the recurrence (and agree with it)."""
+    per_lane = SignalEngine(3, alpha=np.array([0.4, 0.5, 0.6]), rounds=4, max_accepted=12)
+    too_large = SignalEngine(3, alpha=0.4, rounds=5, max_accepted=12)  # 14 ** 5 windows
+    assert per_lane.window_table is None and too_large.window_table is None
+    for engine in (per_lane, too_large):
+        for accepted in ([3, 4, 5], [12, 0, 7]):
+            engine.record_round(np.array(accepted, dtype=np.int8), np.zeros(3), np.ones(3))
+        acceptance = engine.decide(np.ones(3, dtype=bool))["acceptance"]
+        assert acceptance.dtype == np.float64
+        np.testing.assert_array_equal(
+            acceptance, engine.alpha * np.array([12.0, 0.0, 7.0]) + (1 - engine.alpha) * np.array([3.0, 4.0, 5.0])
+        )
