@@ -4,6 +4,10 @@
     .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py            # 100 x 4096
     .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py --quick    # 20 x 1024
 
+A replay that uses the signal engine (``policies/signals.py``, from 195edf9 on) is compared with
+its own engine: ``git show REV:policies/signals.py > /tmp/signals_before.py`` and
+``--before-signals /tmp/signals_before.py``.
+
 Both versions replay the same batches of 32 policies per family (as ``bench_replay.py``) on the
 same synthetic traces; runs alternate before / now so that machine load hits both alike, and the
 best of ``--repeats`` is kept. Prints batched evaluations per second and the ratio now / before.
@@ -29,19 +33,33 @@ from rift_ada.policies import ScorePolicy  # noqa: E402
 from rift_ada.policies import replay as current  # noqa: E402
 
 
-def load_before(path: str) -> object:
-    spec = importlib.util.spec_from_file_location("replay_before", path)
+def load_module(name: str, path: str) -> object:
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"{path}: cannot load")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["replay_before"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_before(path: str, signals_path: str | None = None) -> object:
+    """The earlier replay; with ``signals_path``, importing its signal engine from that file."""
+    if signals_path is None:
+        return load_module("replay_before", path)
+    engine_name = "rift_ada.policies.signals"
+    current_engine = sys.modules[engine_name]
+    sys.modules[engine_name] = load_module("signals_before", signals_path)
+    try:
+        return load_module("replay_before", path)
+    finally:
+        sys.modules[engine_name] = current_engine
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="an earlier policies/replay.py")
+    parser.add_argument("--before-signals", help="the earlier policies/signals.py that --before imports")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--positions", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
@@ -54,7 +72,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.positions = 20, 1024
-    before = load_before(args.before)
+    before = load_before(args.before, args.before_signals)
     # An earlier replay that samples replicas at T > 0 runs with the same count as now.
     takes_replicas = "replicas" in inspect.signature(before.replay_many).parameters
     before_options = {"replicas": args.replicas} if takes_replicas else {}
