@@ -166,12 +166,16 @@ def probe_request(
         tokens = sequence[:, position : position + n_new]
         # Each age arm refreshes from its own history (its KV and its last obs_window queries, both
         # computed under its own working sets), as a closed-loop draft does: one batched rescoring.
-        history[stride] = [layer.compute_selection() for layer in arm_layers] if stride else None
+        # Only the arms that will read this stride's selection rescore: arm i reads it at stride
+        # + age_i / decision_stride, if the response lasts that long (`stat` never reads it).
+        read_later = [i for i, age in enumerate(arm_ages) if stride + age // decision_stride < n_strides]
+        rows = slice(0, max(read_later) + 1) if stride and read_later else None
+        history[stride] = None if rows is None else [layer.compute_selection(rows) for layer in arm_layers]
         history.pop(stride - max_age_strides - 1, None)
         window_start = max(0, position - layers[0].window + 1)
         arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
         arm_selections = [
-            stat_selection if s == 0 else [selection[arm : arm + 1] for selection in history[s]]
+            stat_selection if s == 0 else [selection[arm][None] for selection in history[s]]
             for arm, s in enumerate(arm_refresh)
         ] + [stat_selection]
         for index, (layer, arm_layer) in enumerate(zip(layers, arm_layers, strict=True)):

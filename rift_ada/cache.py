@@ -160,22 +160,25 @@ class BudgetedLayer(DynamicLayer):
         """Positions [0, end) lie outside the window of a query at ``next_position``."""
         return max(0, next_position - self.window + 1)
 
-    def _prefix_selection(self, end: int) -> torch.Tensor:
-        batch, n_kv = self.keys.shape[:2]
+    def _prefix_selection(self, end: int, rows: slice = slice(None)) -> torch.Tensor:
+        batch, n_kv = self.keys[rows].shape[:2]
         count = min(self.capacity, end)
         return torch.arange(count, device=self.keys.device).expand(batch, n_kv, count).contiguous()
 
-    def compute_selection(self) -> torch.Tensor:
-        """The selection a refresh would choose now, for a query at position ``self.length``."""
+    def compute_selection(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The selection a refresh would choose now, for a query at position ``self.length``.
+
+        ``rows``: score only these batch rows (the probe skips arms whose selection it won't read).
+        """
         end = self._candidates_end(self.length)
         policy = self.policy
         if policy.selection == "prefix" or end <= self.capacity:
-            return self._prefix_selection(end)
+            return self._prefix_selection(end, rows)
         if policy.selection == "h2o":
-            scores = self.heavy_scores[:, :, : self.length]
+            scores = self.heavy_scores[rows, :, : self.length]
         else:
             scores = self._scorer.score(
-                self.query_buffer, self.stored_keys(), self.query_positions, self.scaling, self.sinks
+                self.query_buffer[rows], self.stored_keys()[rows], self.query_positions, self.scaling, self.sinks
             )
         return select_topk(scores, self.capacity, end, policy.block_size)
 

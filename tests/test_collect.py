@@ -186,6 +186,47 @@ def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
     assert not np.array_equal(age0, probed.outcome[probed.arms.index("stat")])  # refreshing matters here
 
 
+def test_older_arms_use_the_selection_their_own_history_made_age_tokens_before():
+    """An ``age:N`` arm attends, in each stride, to the selection it rescored N tokens earlier from
+    its own KV and queries (the prefill selection before that). The probe rescores only the arms
+    that will read a stride's selection (none near the end of the response for the older arms);
+    the reference rescores at every stride in one budgeted cache per arm."""
+    from rift_ada.cache import make_draft_cache
+
+    model = tiny_model("llama", seed=3)
+    prompt = _prompt(11, 64)
+    response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=80).tokens
+    policy = make_policy("rift-stat", budget=32, obs_window=8)
+    probed = probe_request(model, prompt, response, policy=policy, temperature=0.0, arm_ages=(0, 16, 32, 128))
+    sequence = torch.tensor([prompt + response])
+    start = len(prompt) - 1
+    for age in (16, 32):
+        cache = make_draft_cache(model, policy)
+        layers = cache.budgeted_layers
+        matches: list[float] = []
+        with torch.no_grad():
+            model(input_ids=sequence[:, :start], cache=cache, use_cache=True)
+            chosen = {0: [layer.compute_selection() for layer in layers]}  # the prefill selection
+            for stride, first in enumerate(range(0, len(response), 8)):
+                if stride:
+                    chosen[stride] = [layer.compute_selection() for layer in layers]
+                for layer, selection in zip(layers, chosen[max(0, stride - age // 8)], strict=True):
+                    layer.selection = selection
+                position = start + first
+                tokens = sequence[:, position : position + 8]
+                positions = torch.arange(position, position + tokens.shape[1])[None]
+                logits = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits[0]
+                expected = torch.tensor(response[first : first + tokens.shape[1]])
+                matches += (logits.argmax(-1) == expected).float().tolist()
+        arm = probed.outcome[probed.arms.index(f"age:{age}")]
+        np.testing.assert_array_equal(arm, np.array(matches, dtype=np.float32), err_msg=f"age:{age}")
+        assert not np.array_equal(arm, probed.outcome[probed.arms.index("stat")])  # it did refresh
+    # Older than the response: never refreshes, so it is the prefill selection throughout.
+    np.testing.assert_array_equal(
+        probed.outcome[probed.arms.index("age:128")], probed.outcome[probed.arms.index("stat")]
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # 3. A collection killed with SIGKILL resumes to the same traces as an uninterrupted run
 # --------------------------------------------------------------------------------------------

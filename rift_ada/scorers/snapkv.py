@@ -34,7 +34,7 @@ class SnapKVScorer:
         n_kv = keys.shape[1]
         group = n_heads // n_kv
         grouped = queries.reshape(batch, n_kv, group, n_queries, head_dim).float()
-        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys.float()) * scaling
+        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys.float()).mul_(scaling)  # in place: no second copy
         # Only keys after the first window query can be in any window query's future: mask that
         # tail in place instead of building and applying a mask over all n keys.
         query_positions = query_positions.to(keys.device)

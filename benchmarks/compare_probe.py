@@ -1,0 +1,106 @@
+"""Probe time side by side: an earlier ``collectors/probe.py`` vs the current one, interleaved.
+
+    git show a53ea1a:collectors/probe.py > /tmp/probe_before.py
+    .venv/bin/python benchmarks/compare_probe.py --before /tmp/probe_before.py                 # 1 x 256 tokens
+    .venv/bin/python benchmarks/compare_probe.py --before /tmp/probe_before.py --osl 128 512   # several lengths
+
+SmolLM2-135M, embedded prompts of the 1K ISL bucket, each with its greedy response of ``--osl``
+tokens (EOS suppressed), generated once. Both versions probe the same request with the default
+arms at B = 256, alternating which goes first; the best of ``--repeats`` wall times is kept. The
+two results must be identical, array for array (the script says so, or exits 1), so a speed-up
+never comes from probing something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def load_before(path: str) -> object:
+    spec = importlib.util.spec_from_file_location("probe_before", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: cannot load")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["probe_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def same_result(a: object, b: object) -> bool:
+    """Every array of two ProbeResults equal (NaN where NaN)."""
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        if isinstance(value, np.ndarray):
+            if not np.array_equal(value, other, equal_nan=True):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="an earlier collectors/probe.py")
+    parser.add_argument("--osl", type=int, nargs="+", default=[256], help="response lengths (tokens)")
+    parser.add_argument("--requests", type=int, default=1, help="prompts per response length")
+    parser.add_argument("--budget", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    from rift_ada.budget import make_policy
+    from rift_ada.collectors import probe as current
+    from rift_ada.collectors.datasets import encode_prompt, load_dataset
+    from rift_ada.collectors.targets import generate_response
+    from rift_ada.memory import cap_heap_growth
+    from rift_ada.models import PRESETS, load_model
+
+    cap_heap_growth()
+    before = load_before(args.before)
+    model, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
+    requests = [r for r in load_dataset("embedded:small", tokenizer) if r.isl_bucket == 1024][: args.requests]
+    policy = make_policy("rift-stat", budget=args.budget)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    load = os.getloadavg()[0]
+    print(f"SmolLM2-135M, B = {args.budget}, {torch.get_num_threads()} thread(s), load average {load:.1f} before")
+    identical = True
+    with torch.no_grad():
+        for osl in args.osl:
+            for index, request in enumerate(requests):
+                prompt = encode_prompt(tokenizer, request.prompt_messages)
+                response = generate_response(
+                    model, prompt, max_new_tokens=osl, min_new_tokens=osl, eos_token_id=eos, seed=index
+                )
+                times: dict[str, list[float]] = {"before": [], "now": []}
+                results: dict[str, object] = {}
+                for repeat in range(args.repeats):
+                    order = ("before", "now") if repeat % 2 == 0 else ("now", "before")
+                    for name in order:
+                        module = before if name == "before" else current
+                        start = time.perf_counter()
+                        results[name] = module.probe_request(model, prompt, response, policy=policy)
+                        times[name].append(time.perf_counter() - start)
+                same = same_result(results["before"], results["now"])
+                identical &= same
+                best_before, best_now = min(times["before"]), min(times["now"])
+                print(
+                    f"{request.request_id}: ISL {len(prompt)}, {len(response)} tokens, "
+                    f"{len(results['now'].arms)} arms: before {best_before:6.1f} s  now {best_now:6.1f} s  "
+                    f"now/before time {best_now / best_before:4.2f}  speed-up {best_before / best_now:4.2f}x  "
+                    f"results identical: {'yes' if same else 'NO'}",
+                    flush=True,
+                )
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
