@@ -7,8 +7,10 @@
 SmolLM2-135M, embedded prompts of the 1K ISL bucket, each with its greedy response of ``--osl``
 tokens (EOS suppressed), generated once. Both versions probe the same request with the default
 arms at B = 256, alternating which goes first; the best of ``--repeats`` wall times is kept. The
-two results must be identical, array for array (the script says so, or exits 1), so a speed-up
-never comes from probing something else.
+two results are compared array for array: identical, or the largest difference, which must stay
+below ``--tolerance`` (else the script exits 1), so a speed-up never comes from probing something
+else. (A batched forward's rows can differ in the last bits with the batch's size, and the probe
+runs as many rows as the response has arms that can refresh.)
 """
 
 from __future__ import annotations
@@ -33,16 +35,22 @@ def load_before(path: str) -> object:
     return module
 
 
-def same_result(a: object, b: object) -> bool:
-    """Every array of two ProbeResults equal (NaN where NaN)."""
+def largest_difference(a: object, b: object) -> float:
+    """Largest absolute difference between the arrays of two ProbeResults (NaN where NaN; inf if
+    their shapes, NaN patterns or other fields differ)."""
+    largest = 0.0
     for name, value in vars(a).items():
         other = getattr(b, name)
-        if isinstance(value, np.ndarray):
-            if not np.array_equal(value, other, equal_nan=True):
-                return False
-        elif value != other:
-            return False
-    return True
+        if not isinstance(value, np.ndarray):
+            if value != other:
+                return float("inf")
+            continue
+        if value.shape != other.shape or not np.array_equal(np.isnan(value), np.isnan(other)):
+            return float("inf")
+        finite = ~np.isnan(value)
+        if finite.any():
+            largest = max(largest, float(np.max(np.abs(value[finite] - other[finite]))))
+    return largest
 
 
 def main() -> int:
@@ -53,6 +61,7 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="largest difference allowed between results")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -72,7 +81,7 @@ def main() -> int:
     eos = getattr(tokenizer, "eos_token_id", None)
     load = os.getloadavg()[0]
     print(f"SmolLM2-135M, B = {args.budget}, {torch.get_num_threads()} thread(s), load average {load:.1f} before")
-    identical = True
+    agree = True
     with torch.no_grad():
         for osl in args.osl:
             for index, request in enumerate(requests):
@@ -89,17 +98,18 @@ def main() -> int:
                         start = time.perf_counter()
                         results[name] = module.probe_request(model, prompt, response, policy=policy)
                         times[name].append(time.perf_counter() - start)
-                same = same_result(results["before"], results["now"])
-                identical &= same
+                difference = largest_difference(results["before"], results["now"])
+                agree &= difference <= args.tolerance
+                shown = "identical" if difference == 0 else f"differ by at most {difference:.1e}"
                 best_before, best_now = min(times["before"]), min(times["now"])
                 print(
                     f"{request.request_id}: ISL {len(prompt)}, {len(response)} tokens, "
                     f"{len(results['now'].arms)} arms: before {best_before:6.1f} s  now {best_now:6.1f} s  "
                     f"now/before time {best_now / best_before:4.2f}  speed-up {best_before / best_now:4.2f}x  "
-                    f"results identical: {'yes' if same else 'NO'}",
+                    f"results {shown}{'' if difference <= args.tolerance else ' (OVER THE TOLERANCE)'}",
                     flush=True,
                 )
-    return 0 if identical else 1
+    return 0 if agree else 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ refresh does); ``age:N`` uses the selection it made N tokens before the stride, 
 prefill selection, ``full`` everything. Each compressed arm keeps its own KV history (and
 recurrent state), computed under its own working sets as a closed-loop draft's would be, and all
 of them run as one batched forward per stride (batch = arms). Never a K-step draft loop: the cost
-is one pass per arm per stride, plus one rescoring.
+is one pass per arm per stride, plus one rescoring of the arms that will read it (arm N reads a
+stride's selection N tokens later, if the response lasts that long). An arm at least as old as
+the response's last stride start never refreshes, so it would repeat ``stat``: it is not run, and
+its rows are stat's.
 
 Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
 greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x)), and the acceptance
@@ -117,10 +120,14 @@ def probe_request(
     if len(prompt_ids) < 2 or not response_ids:
         raise ProbeError("need a prompt of >= 2 tokens and a non-empty response")
     device = next(draft_model.parameters()).device
-    arms = probe_arms(arm_ages)
-    compressed = len(arm_ages) + 1  # the age arms and stat run batched; full is the canonical pass
+    requested_arms = probe_arms(arm_ages)
     n_out = len(response_ids)
     n_strides = -(-n_out // decision_stride)
+    # An arm at least as old as the last stride's start never refreshes within this response: it
+    # reads the prefill selection throughout, as `stat` does, so it is not run and copies stat's rows.
+    arm_ages = tuple(age for age in arm_ages if age // decision_stride < n_strides - 1)
+    arms = probe_arms(arm_ages)
+    compressed = len(arm_ages) + 1  # the age arms and stat run batched; full is the canonical pass
     outcome = np.full((len(arms), n_out), np.nan, dtype=np.float32)
     entropy = np.full((len(arms), n_out), np.nan, dtype=np.float32)
     query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
@@ -222,4 +229,12 @@ def probe_request(
             now = [summary[arm_index] for summary in arm_history[stride]]
             query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
         query_drift[-1, stride] = _cosine_drift(full_history[stride], full_first)
-    return ProbeResult(arms, outcome, entropy, query_drift, retained_mass, token_acceptance)
+    rows = [arms.index(arm if arm in arms else ARM_STAT) for arm in requested_arms]
+    return ProbeResult(
+        requested_arms,
+        outcome[rows],
+        entropy[rows],
+        query_drift[rows],
+        retained_mass[rows],
+        None if token_acceptance is None else token_acceptance[rows],
+    )
