@@ -16,8 +16,10 @@ runs as many rows as the response has arms that can refresh.)
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
 import os
+import pstats
 import sys
 import time
 
@@ -53,6 +55,22 @@ def largest_difference(a: object, b: object) -> float:
     return largest
 
 
+def time_shares(job: object) -> dict[str, float]:
+    """Seconds of one call under cProfile, and of its rescoring and model forwards within it."""
+    profile = cProfile.Profile()
+    profile.runcall(job)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    shares = {"total": 0.0, "rescoring": 0.0, "forwards": 0.0}
+    for (filename, _, function), (_, _, _, cumulative, _) in stats.items():
+        if function == "probe_request":
+            shares["total"] = max(shares["total"], cumulative)
+        elif function == "compute_selection" and filename.endswith("cache.py"):
+            shares["rescoring"] += cumulative
+        elif function == "_forward" and "probe" in filename:
+            shares["forwards"] += cumulative
+    return shares
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="an earlier collectors/probe.py")
@@ -62,6 +80,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest difference allowed between results")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one probe of each: time in rescoring and in forwards"
+    )
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -109,6 +130,20 @@ def main() -> int:
                     f"results {shown}{'' if difference <= args.tolerance else ' (OVER THE TOLERANCE)'}",
                     flush=True,
                 )
+                if args.profile:
+                    for name, module in (("before", before), ("now", current)):
+                        shares = time_shares(
+                            lambda module=module, prompt=prompt, response=response: module.probe_request(
+                                model, prompt, response, policy=policy
+                            )
+                        )
+                        total = shares["total"]
+                        print(
+                            f"  {name} under cProfile: {total:.1f} s, rescoring {shares['rescoring']:.1f} s "
+                            f"({shares['rescoring'] / total:.0%}), forwards {shares['forwards']:.1f} s "
+                            f"({shares['forwards'] / total:.0%})",
+                            flush=True,
+                        )
     return 0 if agree else 1
 
 
