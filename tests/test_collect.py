@@ -152,6 +152,14 @@ def test_the_teacher_forced_t1_stat_loop_is_the_probe_walk_with_the_loops_unifor
         assert 0 in accepted_counts and max(accepted_counts) >= 2  # rejections and runs of acceptances both occur
 
 
+def _stride_matches(model, cache, sequence: torch.Tensor, position: int, expected: list[int]) -> list[float]:
+    """Teacher-force one stride at ``position`` through ``cache``: 1.0 where the greedy token matches."""
+    tokens = sequence[:, position : position + len(expected)]
+    positions = torch.arange(position, position + len(expected))[None]
+    logits = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits[0]
+    return (logits.argmax(-1) == torch.tensor(expected)).float().tolist()
+
+
 def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
     """The age:0 arm is a draft refreshed at every stride start from its own KV and queries.
 
@@ -175,12 +183,7 @@ def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
         for first in range(0, len(response), 8):
             if first:
                 cache.refresh()
-            position = start + first
-            tokens = sequence[:, position : position + 8]
-            positions = torch.arange(position, position + tokens.shape[1])[None]
-            logits = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits[0]
-            expected = torch.tensor(response[first : first + tokens.shape[1]])
-            matches += (logits.argmax(-1) == expected).float().tolist()
+            matches += _stride_matches(model, cache, sequence, start + first, response[first : first + 8])
     age0 = probed.outcome[probed.arms.index("age:0")]
     np.testing.assert_array_equal(age0, np.array(matches, dtype=np.float32))
     assert not np.array_equal(age0, probed.outcome[probed.arms.index("stat")])  # refreshing matters here
@@ -214,12 +217,7 @@ def test_older_arms_use_the_selection_their_own_history_made_age_tokens_before()
                     chosen[stride] = [layer.compute_selection() for layer in layers]
                 for layer, selection in zip(layers, chosen[max(0, stride - age // 8)], strict=True):
                     layer.selection = selection
-                position = start + first
-                tokens = sequence[:, position : position + 8]
-                positions = torch.arange(position, position + tokens.shape[1])[None]
-                logits = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits[0]
-                expected = torch.tensor(response[first : first + tokens.shape[1]])
-                matches += (logits.argmax(-1) == expected).float().tolist()
+                matches += _stride_matches(model, cache, sequence, start + first, response[first : first + 8])
         arm = probed.outcome[probed.arms.index(f"age:{age}")]
         np.testing.assert_array_equal(arm, np.array(matches, dtype=np.float32), err_msg=f"age:{age}")
         if age <= 32:
