@@ -17,24 +17,17 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.util
 import os
 import pstats
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-
-def load_before(path: str) -> object:
-    spec = importlib.util.spec_from_file_location("probe_before", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"{path}: cannot load")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["probe_before"] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).parent))
+from compare_replay import load_module  # noqa: E402
 
 
 def largest_difference(a: object, b: object) -> float:
@@ -95,7 +88,7 @@ def main() -> int:
     from rift_ada.models import PRESETS, load_model
 
     cap_heap_growth()
-    before = load_before(args.before)
+    before = load_module("probe_before", args.before)
     model, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
     requests = [r for r in load_dataset("embedded:small", tokenizer) if r.isl_bucket == 1024][: args.requests]
     policy = make_policy("rift-stat", budget=args.budget)

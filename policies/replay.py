@@ -278,7 +278,7 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
     drift_table = None
     drift_may_be_nan = True
     if "query_drift" in traces.stride_signals:
-        drift = traces.stride_signals["query_drift"]  # kept in float32 where recorded so (exact, half the bytes)
+        drift = traces.stride_signals["query_drift"]  # float32 as recorded: exact in float64, half the bytes
         drift = drift.astype(np.float32 if drift.dtype in (np.float16, np.float32) else np.float64)
         stride_of_last = np.clip((positions - 1) // traces.decision_stride, 0, drift.shape[2] - 1)
         table = drift[:, :, stride_of_last]

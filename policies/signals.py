@@ -21,6 +21,7 @@ decision point. The definitions are written once, in docs/controller.md:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ class SignalEngine:
     (shared by all lanes); ``need``: the signals to compute (others come back absent);
     ``max_accepted``: the caller promises integer ALs in 0 .. max_accepted (replay's rounds). Then,
     with one ``alpha`` for all lanes, the EWMA of every possible window is tabulated once by the
-    same recurrence (:func:`_window_table`), each lane keeps its window as one integer, and a
+    same recurrence (:class:`_WindowTable`), each lane keeps its window as one integer, and a
     decision reads its acceptance with one lookup; results are bit-identical to the recurrence.
     """
 
@@ -66,16 +67,11 @@ class SignalEngine:
         self.need_drift = "query_drift" in need
         self.need_baselines = self.need_drop or self.need_rise
         self.history: list[np.ndarray] = []  # AL of the last `rounds` rounds, oldest first
-        self.window_table: np.ndarray | None = None
+        self.window_table: _WindowTable | None = None
         if self.need_acceptance and max_accepted is not None and np.ndim(alpha) == 0:
-            self.window_table = _window_table(float(alpha), self.rounds, int(max_accepted))
+            self.window_table = _WindowTable.build(float(alpha), self.rounds, int(max_accepted))
         if self.window_table is not None:
-            self.digits = int(max_accepted) + 2  # ALs 0 .. max_accepted and "no round yet"
-            self.window_modulus = self.digits**self.rounds
-            self.window = np.full(n_lanes, self.window_modulus - 1, dtype=np.int64)  # no rounds yet
-            # a window's code -> the code with its oldest round dropped and the newest place at 0
-            codes = np.arange(self.window_modulus, dtype=np.int64)
-            self.window_shift = (codes % (self.window_modulus // self.digits)) * self.digits
+            self.window = np.full(n_lanes, self.window_table.empty, dtype=np.int64)  # each lane's window code
         self.entropy_sum = np.zeros(n_lanes)
         self.entropy_count = np.zeros(n_lanes)
         self.rounds_recorded = 0  # rounds every lane has recorded (lanes step in lockstep)
@@ -89,7 +85,7 @@ class SignalEngine:
     ) -> None:
         """One round per lane: its AL and the sum / count of its committed-conditioned draft entropies."""
         if self.window_table is not None:
-            self.window = self.window_shift.take(self.window)
+            self.window = self.window_table.shift.take(self.window)
             self.window += accepted_len
         elif self.need_acceptance:
             self.history.append(np.asarray(accepted_len, dtype=np.float64))
@@ -110,7 +106,7 @@ class SignalEngine:
         signals: dict[str, np.ndarray] = {}
         ready = decision & (self.ready_from <= self.rounds_recorded) if self.need_baselines else decision
         if self.need_acceptance:
-            acceptance = self._ewma() if self.window_table is None else self.window_table.take(self.window)
+            acceptance = self._ewma() if self.window_table is None else self.window_table.ewma.take(self.window)
             signals["acceptance"] = acceptance
             if self.need_drop:
                 signals["acceptance_drop"] = self.base_acceptance_from(acceptance, ready) - acceptance
@@ -160,15 +156,6 @@ class SignalEngine:
             self.alpha = self.alpha[mask]
             self.one_minus_alpha = self.one_minus_alpha[mask]
 
-    def state(self) -> dict[str, Any]:
-        """Debugging view of the per-lane state."""
-        return {
-            "history": [h.copy() for h in self.history],
-            "ready_from": self.ready_from.copy(),
-            "base_acceptance": self.base_acceptance.copy(),
-            "base_entropy": self.base_entropy.copy(),
-        }
-
 
 def _window_ewma(history: list[np.ndarray], alpha: Any, one_minus_alpha: Any) -> np.ndarray:
     """The acceptance EWMA of a window of rounds (oldest first, seeded with the oldest)."""
@@ -181,23 +168,37 @@ def _window_ewma(history: list[np.ndarray], alpha: Any, one_minus_alpha: Any) ->
 _WINDOW_TABLE_ENTRIES = 1 << 16  # larger windows fall back to the recurrence at every decision
 
 
-def _window_table(alpha: float, rounds: int, max_accepted: int) -> np.ndarray | None:
-    """EWMA of every window of ``rounds`` integer ALs in 0 .. max_accepted, indexed by the window's
-    base-(max_accepted + 2) digits, oldest first; the digit max_accepted + 1 marks "no round yet"
-    (only ever in the oldest places). None if the table would exceed ``_WINDOW_TABLE_ENTRIES``."""
-    digits = max_accepted + 2
-    if digits**rounds > _WINDOW_TABLE_ENTRIES:
-        return None
-    code = np.arange(digits**rounds, dtype=np.int64)
-    places = [(code // digits ** (rounds - 1 - i)) % digits for i in range(rounds)]  # oldest first
-    table = np.full(len(code), np.nan)
-    for missing in range(rounds):  # windows whose `missing` oldest places hold no round yet
-        held = np.ones(len(code), dtype=bool)
-        for i, place in enumerate(places):
-            held &= (place == digits - 1) if i < missing else (place < digits - 1)
-        history = [place[held].astype(np.float64) for place in places[missing:]]
-        table[held] = _window_ewma(history, alpha, 1.0 - alpha)
-    return table
+@dataclass(frozen=True)
+class _WindowTable:
+    """The acceptance EWMA of every window of ``rounds`` integer ALs in 0 .. max_accepted.
+
+    A window is coded by its base-(max_accepted + 2) digits, oldest first; the digit
+    max_accepted + 1 marks "no round yet" (only ever in the oldest places), so ``empty`` (all such
+    digits) is a lane before its first round. ``shift`` maps a code to the code with its oldest
+    round dropped and the newest place 0: adding the next AL gives the next window.
+    """
+
+    ewma: np.ndarray
+    shift: np.ndarray
+    empty: int
+
+    @classmethod
+    def build(cls, alpha: float, rounds: int, max_accepted: int) -> _WindowTable | None:
+        """The table (made by :func:`_window_ewma`), or None past ``_WINDOW_TABLE_ENTRIES`` codes."""
+        digits = max_accepted + 2
+        size = digits**rounds
+        if size > _WINDOW_TABLE_ENTRIES:
+            return None
+        code = np.arange(size, dtype=np.int64)
+        places = [(code // digits ** (rounds - 1 - i)) % digits for i in range(rounds)]  # oldest first
+        ewma = np.full(size, np.nan)
+        for missing in range(rounds):  # windows whose `missing` oldest places hold no round yet
+            held = np.ones(size, dtype=bool)
+            for i, place in enumerate(places):
+                held &= (place == digits - 1) if i < missing else (place < digits - 1)
+            history = [place[held].astype(np.float64) for place in places[missing:]]
+            ewma[held] = _window_ewma(history, alpha, 1.0 - alpha)
+        return cls(ewma=ewma, shift=(code % (size // digits)) * digits, empty=size - 1)
 
 
 def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np.ndarray:
