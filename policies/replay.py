@@ -47,7 +47,8 @@ from rift_ada.controller import (
     policy_signals,
     validate_controller_dict,
 )
-from rift_ada.policies.signals import SignalEngine, knot_transform_lanes
+from rift_ada.policies.score import ScoreLanes
+from rift_ada.policies.signals import SignalEngine
 
 __all__ = [
     "DEFAULT_REPLICAS",
@@ -232,8 +233,6 @@ class _Tables:
     seed: int | None
     osl: np.ndarray
     draft_length: int
-    entropy_has_nan: bool
-    drift_may_be_nan: bool
     arm_ages: dict[str, int | None]
     arm_index: dict[str, int]
     n_positions: int
@@ -276,14 +275,12 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
     for j in range(k):  # same order of additions as Session.record_round
         entropy_sum = entropy_sum + np.where(j < count, entropy[None, :, :, j : j + width], 0.0)
     drift_table = None
-    drift_may_be_nan = True
     if "query_drift" in traces.stride_signals:
         drift = traces.stride_signals["query_drift"]  # float32 as recorded: exact in float64, half the bytes
         drift = drift.astype(np.float32 if drift.dtype in (np.float16, np.float32) else np.float64)
         stride_of_last = np.clip((positions - 1) // traces.decision_stride, 0, drift.shape[2] - 1)
         table = drift[:, :, stride_of_last]
         table[:, :, 0] = np.nan
-        drift_may_be_nan = bool(np.isnan(np.where(valid, table[:, :, 1:], 0.0)).any())
         # laid out as `accepted` (one copy per replica), so a round's drift is read at its row + AL
         drift_table = np.broadcast_to(table, (replicas, *table.shape)).reshape(-1)
     al_dtype = np.int8 if k < np.iinfo(np.int8).max else np.int16
@@ -300,8 +297,6 @@ def _build_tables(traces: ProbeTraces, replicas: int, seed: int | None) -> _Tabl
         seed=seed,
         osl=osl,
         draft_length=k,
-        entropy_has_nan=bool(np.isnan(entropy_sum).any()),
-        drift_may_be_nan=drift_may_be_nan,
         arm_ages={name: arm_age(name) for name in traces.arms},
         arm_index={name: i for i, name in enumerate(traces.arms)},
         n_positions=n_pos,
@@ -482,44 +477,9 @@ def _combine(children: list[Node], combine: np.ufunc) -> Node:
     return group
 
 
-def _compile_score(policies: list[dict[str, Any]], params: _LaneParams, nan_signals: set[str]) -> _Evaluator:
-    terms = []
-    for j, template in enumerate(policies[0]["terms"]):
-        per_policy = [p["terms"][j] for p in policies]
-        mean = params.add([t["mean"] for t in per_policy])
-        factor = params.add([t["orientation"] / t["scale"] for t in per_policy])
-        weight = params.add([t["weight"] for t in per_policy])
-        knots = None
-        if "knots" in template:
-            xs = [[x for x, _ in t["knots"]] for t in per_policy]
-            ys = [[y for _, y in t["knots"]] for t in per_policy]
-            slopes = [
-                [(y[i + 1] - y[i]) / (x[i + 1] - x[i]) for i in range(len(x) - 1)] for x, y in zip(xs, ys, strict=True)
-            ]
-            knots = (params.add(xs), params.add(ys), params.add(slopes))
-        terms.append((template["signal"], mean, factor, weight, knots, template["signal"] in nan_signals))
-    threshold = params.add([p["threshold"] for p in policies])
-    values = params.values
-
-    def fires(signals: dict[str, np.ndarray], age: np.ndarray, sl: slice) -> np.ndarray:
-        # Controller.decide's sum, term by term in the same order, in place (products commute exactly).
-        total = None
-        for name, mean, factor, weight, knots, may_be_nan in terms:
-            value = signals[name][sl]
-            contribution = np.subtract(value, values[mean])
-            contribution *= values[factor]
-            if knots is not None:
-                contribution = knot_transform_lanes(contribution, values[knots[0]], values[knots[1]], values[knots[2]])
-            contribution *= values[weight]
-            if may_be_nan:
-                np.putmask(contribution, np.isnan(value), 0.0)
-            if total is None:
-                total = contribution
-            else:
-                total += contribution
-        return np.greater_equal(total, values[threshold])
-
-    return _Evaluator(params, fires)
+def _compile_score(policies: list[dict[str, Any]], lanes_per_policy: int) -> _Evaluator:
+    lanes = ScoreLanes.from_policies(policies, lanes_per_policy)
+    return _Evaluator(lanes, lambda signals, age, sl: lanes.fires(signals, sl))  # type: ignore[arg-type]
 
 
 def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
@@ -528,7 +488,7 @@ def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _E
     return _Evaluator(params, lambda signals, age, sl: np.greater_equal(age[sl], values[interval]))
 
 
-def _group_evaluators(policies: list[dict[str, Any]], n_requests: int, nan_signals: set[str]) -> list[list[Any]]:
+def _group_evaluators(policies: list[dict[str, Any]], n_requests: int) -> list[list[Any]]:
     """[evaluator, first lane, end lane] per run of policies sharing a skeleton (pre-sorted by skeleton)."""
     groups: list[tuple[tuple, int, int]] = []
     for index, policy in enumerate(policies):
@@ -546,7 +506,7 @@ def _group_evaluators(policies: list[dict[str, Any]], n_requests: int, nan_signa
         elif skeleton[0] == "gate":
             evaluator = _compile_gate(members, params)
         else:
-            evaluator = _compile_score(members, params, nan_signals)
+            evaluator = _compile_score(members, n_requests)
         evaluators.append([evaluator, start * n_requests, stop * n_requests])
     return evaluators
 
@@ -628,11 +588,7 @@ def _run_lanes(
             need=used,
             max_accepted=tables.draft_length + 1,
         )
-        nan_signals = {"query_drift"} if tables.drift_may_be_nan or tables.drift is None else set()
-        if tables.entropy_has_nan:
-            nan_signals |= {"entropy", "entropy_rise"}
-        nan_signals |= {"acceptance_drop", "entropy_rise"}  # missing until the baseline decision
-        evaluators = _group_evaluators([c["policy"] for c in controllers], per_policy, nan_signals)
+        evaluators = _group_evaluators([c["policy"] for c in controllers], per_policy)
         need_entropy = engine.need_entropy
         need_drift = engine.need_drift and tables.drift is not None
 
@@ -670,7 +626,7 @@ def _run_lanes(
                         where = np.flatnonzero(decision)
                         observer(s.ids[where], n_new[where], age[where], {k_: v[where] for k_, v in signals.items()})
                     if len(evaluators) == 1:
-                        fires = evaluators[0][0].fires(signals, age, slice(None))
+                        fires = evaluators[0][0].fires(signals, age, slice(0, len(n)))
                     else:
                         fires = np.empty(len(n), dtype=bool)
                         for evaluator, first, end in evaluators:

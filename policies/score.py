@@ -16,10 +16,10 @@ import numpy as np
 
 from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
 from rift_ada.controller import SIGNAL_NAMES, validate_policy
+from rift_ada.policies.kernels import score_totals
 from rift_ada.policies.periodic import Policy
-from rift_ada.policies.signals import knot_transform_array
 
-__all__ = ["ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
+__all__ = ["ScoreLanes", "ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
 
 
 @dataclasses.dataclass
@@ -140,6 +140,87 @@ def counterfactual_samples(
 
 
 @dataclasses.dataclass
+class ScoreLanes:
+    """The numbers of score policies sharing their terms' signals, one column per lane.
+
+    Replay evaluates a batch of such policies (``lanes_per_policy`` lanes each) with one compiled
+    loop, :func:`rift_ada.policies.kernels.score_totals`: the controller's sum, term by term. A
+    column serves every lane where all policies share it.
+    """
+
+    signals: tuple[str, ...]
+    params: np.ndarray  # (3 * terms, lanes or 1): mean, orientation / scale, weight per term
+    knot_xs: np.ndarray  # (terms, lanes or 1, most knots); knot_counts[j] == 0: term j has none
+    knot_ys: np.ndarray
+    knot_slopes: np.ndarray
+    knot_counts: np.ndarray
+    threshold: np.ndarray  # (lanes or 1,)
+
+    @classmethod
+    def from_policies(cls, policies: Sequence[Mapping[str, Any]], lanes_per_policy: int) -> ScoreLanes:
+        """From validated score policy objects whose terms read the same signals in the same order."""
+        terms = [policy["terms"] for policy in policies]
+        signals = tuple(term["signal"] for term in terms[0])
+        if any(tuple(term["signal"] for term in row) != signals for row in terms):
+            raise ValueError("score policies evaluated together must read the same signals in the same order")
+
+        def per_lane(array: np.ndarray) -> np.ndarray:
+            """(policies, ...) -> (lanes, ...), or (1, ...) where every policy holds the same numbers."""
+            if all(np.array_equal(row, array[0]) for row in array[1:]):
+                return array[:1]
+            return np.repeat(array, lanes_per_policy, axis=0)
+
+        counts = np.array([len(t.get("knots", ())) for t in terms[0]], dtype=np.int64)
+        numbers = np.zeros((len(policies), len(signals), 3))
+        knots = np.zeros((3, len(policies), len(signals), max(2, int(counts.max()))))  # xs, ys, slopes
+        for p, row in enumerate(terms):
+            for j, term in enumerate(row):
+                numbers[p, j] = term["mean"], term["orientation"] / term["scale"], term["weight"]
+                pairs = term.get("knots", [])
+                if len(pairs) != counts[j]:
+                    raise ValueError(f"score term {j} ({term['signal']}): policies differ in their number of knots")
+                xs, ys = [float(x) for x, _ in pairs], [float(y) for _, y in pairs]
+                knots[0, p, j, : len(xs)], knots[1, p, j, : len(ys)] = xs, ys
+                knots[2, p, j, : max(0, len(xs) - 1)] = [
+                    (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)
+                ]
+        params = np.ascontiguousarray(per_lane(numbers.reshape(len(policies), -1)).T)
+        knot_xs, knot_ys, knot_slopes = np.ascontiguousarray(per_lane(knots.swapaxes(0, 1)).transpose(1, 2, 0, 3))
+        threshold = per_lane(np.array([float(p["threshold"]) for p in policies]))
+        return cls(signals, params, knot_xs, knot_ys, knot_slopes, counts, threshold)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the lanes where ``mask`` is False (columns shared by all lanes stay)."""
+        if self.params.shape[1] > 1:
+            self.params = np.ascontiguousarray(self.params[:, mask])
+        if self.knot_xs.shape[1] > 1:
+            self.knot_xs, self.knot_ys, self.knot_slopes = (
+                np.ascontiguousarray(a[:, mask]) for a in (self.knot_xs, self.knot_ys, self.knot_slopes)
+            )
+        if len(self.threshold) > 1:
+            self.threshold = self.threshold[mask]
+
+    def totals(self, signals: Mapping[str, np.ndarray], lanes: slice) -> np.ndarray:
+        """The score of each lane in ``lanes`` of the ``signals`` arrays (float64, one value per lane)."""
+        out = np.empty(lanes.stop - lanes.start)
+        score_totals(
+            tuple(signals[name] for name in self.signals),
+            lanes.start,
+            self.params,
+            self.knot_xs,
+            self.knot_ys,
+            self.knot_slopes,
+            self.knot_counts,
+            out,
+        )
+        return out
+
+    def fires(self, signals: Mapping[str, np.ndarray], lanes: slice) -> np.ndarray:
+        """Whether each lane's score reaches its threshold."""
+        return np.greater_equal(self.totals(signals, lanes), self.threshold)
+
+
+@dataclasses.dataclass
 class ScorePolicy(Policy):
     """Fire when ``sum_j weight_j * g_j(orientation_j * (signal_j - mean_j) / scale_j) >= threshold``."""
 
@@ -163,15 +244,12 @@ class ScorePolicy(Policy):
         return cls(terms=[ScoreTerm.from_json(t) for t in policy["terms"]], threshold=policy["threshold"])
 
     def score_values(self, signals: Mapping[str, Any]) -> np.ndarray:
-        """Scores for arrays of signal values (same expression as the controller; NaN = missing)."""
-        total: np.ndarray | float = 0.0
-        for term in self.terms:
-            value = np.asarray(signals[term.signal], dtype=np.float64)
-            z = (value - term.mean) * (term.orientation / term.scale)
-            if term.knots is not None:
-                z = knot_transform_array(z, term.knots)
-            total = total + np.where(np.isnan(value), 0.0, term.weight * z)
-        return np.asarray(total, dtype=np.float64)
+        """Scores for arrays of signal values (the controller's sum, :class:`ScoreLanes`; NaN = missing)."""
+        lanes = ScoreLanes.from_policies([self.to_policy_json()], 1)
+        values = {t.signal: np.asarray(signals[t.signal], dtype=np.float64) for t in self.terms}
+        shape = np.broadcast_shapes(*(v.shape for v in values.values()))
+        flat = {name: np.ascontiguousarray(np.broadcast_to(v, shape)).ravel() for name, v in values.items()}
+        return lanes.totals(flat, slice(0, math.prod(shape))).reshape(shape)
 
     def fit(
         self,

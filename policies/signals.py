@@ -1,4 +1,5 @@
-"""The one decision-signal engine: every controller signal for many lanes at once (numpy).
+"""The one decision-signal engine: every controller signal for many lanes at once (numpy; the
+per-lane decision step is one compiled loop, :mod:`rift_ada.policies.kernels`).
 
 A lane is one walk of one request under one policy (and, at T > 0, one sampling replica). Replay
 (:mod:`rift_ada.policies.replay`), the threshold grids (:mod:`rift_ada.calibrate.grids`) and the
@@ -27,8 +28,11 @@ from typing import Any
 import numpy as np
 
 from rift_ada.controller import SIGNAL_NAMES
+from rift_ada.policies.kernels import decide_lanes
 
-__all__ = ["SignalEngine", "knot_transform_lanes", "knot_transform_array"]
+__all__ = ["SignalEngine"]
+
+_NO_LANES = np.empty(0)  # the acceptance array where it is not computed
 
 
 class SignalEngine:
@@ -101,23 +105,33 @@ class SignalEngine:
         """Signals of every lane (meaningful where ``decision``); updates the decision lanes' state.
 
         As :meth:`rift_ada.Session.decide`: entropy accumulators of the deciding lanes restart, and a
-        deciding lane whose window lies after its refresh takes its baselines.
+        deciding lane whose window lies after its refresh takes its baselines (one compiled loop,
+        :func:`rift_ada.policies.kernels.decide_lanes`).
         """
         signals: dict[str, np.ndarray] = {}
-        ready = decision & (self.ready_from <= self.rounds_recorded) if self.need_baselines else decision
+        acceptance = _NO_LANES
         if self.need_acceptance:
             acceptance = self._ewma() if self.window_table is None else self.window_table.ewma.take(self.window)
             signals["acceptance"] = acceptance
-            if self.need_drop:
-                signals["acceptance_drop"] = self.base_acceptance_from(acceptance, ready) - acceptance
+        drop, entropy, rise = decide_lanes(
+            acceptance,
+            self.entropy_sum,
+            self.entropy_count,
+            self.base_acceptance,
+            self.base_entropy,
+            self.ready_from,
+            self.rounds_recorded,
+            decision,
+            self.need_drop,
+            self.need_entropy,
+            self.need_rise,
+        )
+        if self.need_drop:
+            signals["acceptance_drop"] = drop
         if self.need_entropy:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                entropy = self.entropy_sum / self.entropy_count  # NaN where nothing was recorded
             signals["entropy"] = entropy
-            np.putmask(self.entropy_sum, decision, 0.0)
-            np.putmask(self.entropy_count, decision, 0.0)
-            if self.need_rise:
-                signals["entropy_rise"] = entropy - self.base_entropy_from(entropy, ready)
+        if self.need_rise:
+            signals["entropy_rise"] = rise
         if self.need_drift:
             signals["query_drift"] = np.full(len(decision), np.nan) if drift is None else drift
         return signals
@@ -126,14 +140,6 @@ class SignalEngine:
         if not self.history:
             return np.full(len(self.ready_from), np.nan)
         return _window_ewma(self.history, self.alpha, self.one_minus_alpha)
-
-    def base_acceptance_from(self, acceptance: np.ndarray, ready: np.ndarray) -> np.ndarray:
-        """Acceptance baselines, taken now where ``ready`` and none is held (NaN: no baseline yet)."""
-        return _take_baseline(self.base_acceptance, acceptance, ready)
-
-    def base_entropy_from(self, entropy: np.ndarray, ready: np.ndarray) -> np.ndarray:
-        """Entropy baselines, taken now where ``ready`` and none is held (NaN: no baseline yet)."""
-        return _take_baseline(self.base_entropy, entropy, ready)
 
     def refreshed(self, refresh: np.ndarray) -> None:
         """The lanes in ``refresh`` refreshed their working set: drop baselines, restart the round count."""
@@ -199,34 +205,3 @@ class _WindowTable:
             history = [place[held].astype(np.float64) for place in places[missing:]]
             ewma[held] = _window_ewma(history, alpha, 1.0 - alpha)
         return cls(ewma=ewma, shift=(code % (size // digits)) * digits, empty=size - 1)
-
-
-def _take_baseline(base: np.ndarray, value: np.ndarray, ready: np.ndarray) -> np.ndarray:
-    """Set ``base`` (in place) to ``value`` where ``ready`` and no baseline is held (NaN: none yet)."""
-    np.putmask(base, ready & np.isnan(base), value)  # a missing value leaves the baseline missing
-    return base
-
-
-def knot_transform_lanes(z: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray) -> np.ndarray:
-    """Vector form of :func:`rift_ada.controller.knot_transform` (same expression, clamped ends).
-
-    ``xs``, ``ys``, ``slopes``: one row per lane, or a single row shared by all lanes.
-    """
-    xs, ys, slopes = (np.broadcast_to(a, (len(z), a.shape[1])) for a in (xs, ys, slopes))
-    count = np.sum(z[:, None] >= xs, axis=1)
-    segment = np.clip(count - 1, 0, xs.shape[1] - 2)[:, None]
-    x0 = np.take_along_axis(xs, segment, axis=1)[:, 0]
-    y0 = np.take_along_axis(ys, segment, axis=1)[:, 0]
-    slope = np.take_along_axis(slopes, segment, axis=1)[:, 0]
-    inside = y0 + slope * (z - x0)
-    inside = np.where(z <= xs[:, 0], ys[:, 0], inside)
-    return np.where(z >= xs[:, -1], ys[:, -1], inside)
-
-
-def knot_transform_array(z: np.ndarray, knots: list[list[float]] | tuple) -> np.ndarray:
-    """:func:`knot_transform_lanes` with one set of ``[x, y]`` knots for every value of ``z``."""
-    xs = np.array([[float(x) for x, _ in knots]])
-    ys = np.array([[float(y) for _, y in knots]])
-    slopes = (ys[:, 1:] - ys[:, :-1]) / (xs[:, 1:] - xs[:, :-1])
-    flat = np.atleast_1d(np.asarray(z, dtype=np.float64))
-    return knot_transform_lanes(flat.ravel(), xs, ys, slopes).reshape(flat.shape)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from rift_ada import Controller
 from rift_ada.collectors.probe_traces import ProbeTraces, arm_age
 from rift_ada.collectors.synthetic import synthetic_traces
-from rift_ada.controller import make_controller_dict
+from rift_ada.controller import make_controller_dict, validate_controller_dict
 from rift_ada.policies.replay import named_policy_controller, replay, replay_many
 
 # ----------------------------------------------------------------------------------------------
@@ -286,6 +287,38 @@ def test_score_replay_matches_controller(traces: ProbeTraces, controller: dict[s
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces=random_traces(), controllers=st.lists(random_policy(), min_size=2, max_size=5))
 def test_batched_replay_matches_controller(traces: ProbeTraces, controllers: list[dict[str, Any]]) -> None:
+    results = checked_replay(traces, controllers)
+    for controller, result in zip(controllers, results or [], strict=False):
+        assert_same_decisions(traces, controller, result)
+
+
+@st.composite
+def score_siblings(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """2-4 score controllers reading the same signals with the same knot counts, their numbers drawn apart."""
+    first = draw(random_policy("score"))
+    siblings = [first]
+    for _ in range(draw(st.integers(1, 3))):
+        sibling = copy.deepcopy(first)
+        terms = sibling["policy"]["terms"]
+        for j, drawn in enumerate(draw(st.lists(score_term(), min_size=len(terms), max_size=len(terms)))):
+            drawn.pop("knots", None)
+            if "knots" in terms[j]:  # keep the skeleton: as many knots, other values
+                count = len(terms[j]["knots"])
+                xs = sorted(draw(st.sets(st.floats(-3.0, 3.0), min_size=count, max_size=count)))
+                ys = sorted(draw(st.lists(st.floats(-2.0, 2.0), min_size=count, max_size=count)))
+                drawn["knots"] = [[x, y] for x, y in zip(xs, ys, strict=True)]
+            terms[j] = {**drawn, "signal": terms[j]["signal"]}
+        sibling["policy"]["threshold"] = draw(st.floats(-2.0, 3.0))
+        siblings.append(validate_controller_dict(sibling))
+    return siblings
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces=random_traces(), controllers=score_siblings())
+def test_score_policies_with_their_own_numbers_replay_as_the_controller(
+    traces: ProbeTraces, controllers: list[dict[str, Any]]
+) -> None:
+    """One score group, one column of numbers (and knots) per policy: each lane reads its own."""
     results = checked_replay(traces, controllers)
     for controller, result in zip(controllers, results or [], strict=False):
         assert_same_decisions(traces, controller, result)
