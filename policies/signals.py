@@ -113,25 +113,26 @@ class SignalEngine:
         if self.need_acceptance:
             acceptance = self._ewma() if self.window_table is None else self.window_table.ewma.take(self.window)
             signals["acceptance"] = acceptance
-        drop, entropy, rise = decide_lanes(
-            acceptance,
-            self.entropy_sum,
-            self.entropy_count,
-            self.base_acceptance,
-            self.base_entropy,
-            self.ready_from,
-            self.rounds_recorded,
-            decision,
-            self.need_drop,
-            self.need_entropy,
-            self.need_rise,
-        )
-        if self.need_drop:
-            signals["acceptance_drop"] = drop
-        if self.need_entropy:
-            signals["entropy"] = entropy
-        if self.need_rise:
-            signals["entropy_rise"] = rise
+        if self.need_drop or self.need_entropy:  # the loop does nothing for acceptance or drift alone
+            drop, entropy, rise = decide_lanes(
+                acceptance,
+                self.entropy_sum,
+                self.entropy_count,
+                self.base_acceptance,
+                self.base_entropy,
+                self.ready_from,
+                self.rounds_recorded,
+                decision,
+                self.need_drop,
+                self.need_entropy,
+                self.need_rise,
+            )
+            if self.need_drop:
+                signals["acceptance_drop"] = drop
+            if self.need_entropy:
+                signals["entropy"] = entropy
+            if self.need_rise:
+                signals["entropy_rise"] = rise
         if self.need_drift:
             signals["query_drift"] = np.full(len(decision), np.nan) if drift is None else drift
         return signals
