@@ -414,7 +414,9 @@ class _LaneParams:
 class _Evaluator:
     """Policy-fires flags for a run of lanes whose policies share a skeleton."""
 
-    def __init__(self, params: _LaneParams, fires: Callable[[dict[str, np.ndarray], np.ndarray, slice], Any]):
+    def __init__(
+        self, params: _LaneParams | ScoreLanes, fires: Callable[[dict[str, np.ndarray], np.ndarray, slice], Any]
+    ):
         self.params = params
         self.fires = fires
 
@@ -479,7 +481,7 @@ def _combine(children: list[Node], combine: np.ufunc) -> Node:
 
 def _compile_score(policies: list[dict[str, Any]], lanes_per_policy: int) -> _Evaluator:
     lanes = ScoreLanes.from_policies(policies, lanes_per_policy)
-    return _Evaluator(lanes, lambda signals, age, sl: lanes.fires(signals, sl))  # type: ignore[arg-type]
+    return _Evaluator(lanes, lambda signals, age, sl: lanes.fires(signals, sl))
 
 
 def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
