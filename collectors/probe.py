@@ -159,6 +159,8 @@ def probe_request(
         else:
             arms_cache.layers[index].reorder_cache(expand)
     arm_layers = arms_cache.budgeted_layers
+    for layer in arm_layers:  # rescoring reuses each stride's attention mass while it is in the window
+        layer.rescore_block = decision_stride
 
     max_age_strides = max(arm_ages, default=0) // decision_stride
     history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) own selections

@@ -89,6 +89,10 @@ class BudgetedLayer(DynamicLayer):
         self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
         self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
         self._scorer = SnapKVScorer(policy.obs_window, policy.pool_kernel)
+        # probe: the query window's attention mass is summed from blocks of this many queries, each
+        # computed once (keys and queries only grow there); None: the whole window at every rescoring
+        self.rescore_block: int | None = None
+        self._mass_blocks: dict[int, torch.Tensor] = {}  # first query position -> (rows, kv, group, n then)
 
     # ---- storage ---------------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -177,10 +181,45 @@ class BudgetedLayer(DynamicLayer):
         if policy.selection == "h2o":
             scores = self.heavy_scores[rows, :, : self.length]
         else:
-            scores = self._scorer.score(
-                self.query_buffer[rows], self.stored_keys()[rows], self.query_positions, self.scaling, self.sinks
-            )
+            scores = self._scorer.pool(self._window_mass(rows))
         return select_topk(scores, self.capacity, end, policy.block_size)
+
+    def _window_mass(self, rows: slice) -> torch.Tensor:
+        """SnapKV attention mass of the query window, (rows, kv, group, length).
+
+        With ``rescore_block`` (the probe's decision stride) and a window of whole blocks ending at
+        the last stored position, the mass of each block is computed once and kept: the window
+        slides by a block per stride, so one block is new and the rest are sums already made. The
+        total equals the whole window's up to the order of float additions.
+        """
+        queries, keys, positions = self.query_buffer[rows], self.stored_keys()[rows], self.query_positions
+        block = self.rescore_block
+        n_queries = len(positions)
+        first = self.length - n_queries
+        n_rows = keys.shape[0]
+        if (
+            block is None
+            or n_queries % block
+            or rows.start not in (None, 0)
+            or rows.step not in (None, 1)
+            or int(positions[0]) != first
+            or int(positions[-1]) != self.length - 1
+        ):
+            return self._scorer.attention_mass(queries, keys, positions, self.scaling, self.sinks)
+        self._mass_blocks = {start: mass for start, mass in self._mass_blocks.items() if start >= first}
+        total = None
+        for offset in range(0, n_queries, block):
+            start = first + offset
+            mass = self._mass_blocks.get(start)
+            if mass is None or mass.shape[0] < n_rows:
+                part = slice(offset, offset + block)
+                mass = self._scorer.attention_mass(queries[:, :, part], keys, positions[part], self.scaling, self.sinks)
+                self._mass_blocks[start] = mass
+            mass = mass[:n_rows]
+            if total is None:
+                total = keys.new_zeros(*mass.shape[:3], self.length, dtype=torch.float32)
+            total[..., : mass.shape[-1]] += mass
+        return total
 
     def _select(self) -> None:
         self.selection = self.compute_selection()

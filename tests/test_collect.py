@@ -189,19 +189,21 @@ def test_age_arms_refresh_from_their_own_history_as_a_closed_loop_draft_does():
     assert not np.array_equal(age0, probed.outcome[probed.arms.index("stat")])  # refreshing matters here
 
 
-def test_older_arms_use_the_selection_their_own_history_made_age_tokens_before():
+@pytest.mark.parametrize("obs_window", [8, 32])
+def test_older_arms_use_the_selection_their_own_history_made_age_tokens_before(obs_window: int):
     """An ``age:N`` arm attends, in each stride, to the selection it rescored N tokens earlier from
     its own KV and queries (the prefill selection before that). The probe rescores only the arms
     that will read a stride's selection (none near the end of the response for the older arms) and
     does not run an arm that cannot refresh within the response (80 tokens: age 72 and up); the
     reference rescores at every stride in one budgeted cache per arm. Age 64 refreshes once, at
-    the last stride."""
+    the last stride. With a window of 32 queries (4 strides) the probe sums each stride's attention
+    mass once and reuses it while it is in the window; the reference scores the whole window."""
     from rift_ada.cache import make_draft_cache
 
     model = tiny_model("llama", seed=3)
     prompt = _prompt(11, 64)
     response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=80).tokens
-    policy = make_policy("rift-stat", budget=32, obs_window=8)
+    policy = make_policy("rift-stat", budget=32, obs_window=obs_window)
     probed = probe_request(model, prompt, response, policy=policy, temperature=0.0, arm_ages=(0, 16, 32, 64, 72, 128))
     sequence = torch.tensor([prompt + response])
     start = len(prompt) - 1

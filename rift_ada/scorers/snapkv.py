@@ -30,6 +30,21 @@ class SnapKVScorer:
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """queries (b, h, w, d), keys (b, kv, n, d), query_positions (w,) -> scores (b, kv, n)."""
+        return self.pool(self.attention_mass(queries, keys, query_positions, scaling, sinks))
+
+    def attention_mass(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_positions: torch.Tensor,
+        scaling: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The queries' causal attention summed over the queries, per query head: (b, kv, group, n).
+
+        A query's attention row depends only on the keys up to its own position, so the mass of a
+        window is the sum of the masses of any split of its queries (how the probe reuses it).
+        """
         batch, n_heads, n_queries, head_dim = queries.shape
         n_kv = keys.shape[1]
         group = n_heads // n_kv
@@ -48,7 +63,12 @@ class SnapKVScorer:
             probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
         else:
             probs = torch.softmax(logits, dim=-1)
-        summed = probs.sum(dim=3).mean(dim=2)  # (b, kv, n)
+        return probs.sum(dim=3)
+
+    def pool(self, mass: torch.Tensor) -> torch.Tensor:
+        """(b, kv, group, n) attention mass -> scores (b, kv, n): mean over the group, then max-pool."""
+        batch, n_kv = mass.shape[:2]
+        summed = mass.mean(dim=2)  # (b, kv, n)
         if self.pool_kernel > 1:
             summed = F.max_pool1d(
                 summed.reshape(batch * n_kv, 1, -1), self.pool_kernel, stride=1, padding=self.pool_kernel // 2
