@@ -45,9 +45,30 @@ def test_snapkv_scores_equal_from_scratch(kernel):
     keys = torch.randn(1, 2, 30, 8, generator=generator)
     positions = torch.arange(24, 30)
     scorer = SnapKVScorer(obs_window=6, pool_kernel=kernel)
-    got = scorer.score(queries, keys, positions, scaling=8**-0.5)
+    got = scorer.pool(scorer.attention_mass(queries, keys, positions, scaling=8**-0.5))
     expected = _reference_snapkv(queries, keys, positions, 8**-0.5, kernel)
     np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sinks", [None, torch.tensor([0.5, -1.0, 2.0, 0.0])])
+def test_snapkv_window_mass_is_the_sum_of_its_blocks_masses(sinks):
+    """The probe sums a window's mass from blocks scored when their queries arrived (fewer keys)."""
+    generator = torch.Generator().manual_seed(1)
+    queries = torch.randn(1, 4, 12, 8, generator=generator)
+    keys = torch.randn(1, 2, 40, 8, generator=generator)
+    positions = torch.arange(28, 40)
+    scorer = SnapKVScorer(obs_window=12)
+
+    def mass(part: slice, end: int) -> torch.Tensor:
+        return scorer.attention_mass(queries[:, :, part], keys[:, :, :end], positions[part], 8**-0.5, sinks)
+
+    whole = mass(slice(None), 40)
+    summed = torch.zeros_like(whole)
+    for first in range(0, 12, 4):  # each block against the keys stored when it arrived
+        end = int(positions[first + 3]) + 1
+        summed[..., :end] += mass(slice(first, first + 4), end)
+    torch.testing.assert_close(summed, whole)
+    assert not torch.allclose(summed - mass(slice(0, 4), 40), whole)  # every block counts
 
 
 def test_topk_selects_best_candidates_sorted():

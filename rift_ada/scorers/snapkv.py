@@ -21,17 +21,6 @@ class SnapKVScorer:
     obs_window: int = 64
     pool_kernel: int = 7
 
-    def score(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        query_positions: torch.Tensor,
-        scaling: float,
-        sinks: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """queries (b, h, w, d), keys (b, kv, n, d), query_positions (w,) -> scores (b, kv, n)."""
-        return self.pool(self.attention_mass(queries, keys, query_positions, scaling, sinks))
-
     def attention_mass(
         self,
         queries: torch.Tensor,
@@ -40,7 +29,9 @@ class SnapKVScorer:
         scaling: float,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The queries' causal attention summed over the queries, per query head: (b, kv, group, n).
+        """queries (b, h, w, d), keys (b, kv, n, d), query_positions (w,) -> the queries' causal
+        attention summed over the queries, per query head: (b, kv, group, n); :meth:`pool` makes the
+        scores.
 
         A query's attention row depends only on the keys up to its own position, so the mass of a
         window is the sum of the masses of any split of its queries (how the probe reuses it).
