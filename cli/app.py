@@ -357,6 +357,13 @@ def collect(
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
     batch_size: BatchSizeOption = 8,
+    probe_batch_size: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Probe mode: requests whose arms share each forward (1 is fastest on CPUs; see docs/performance.md).",
+        ),
+    ] = 1,
     free_running: Annotated[
         bool, typer.Option(help="Closed mode at T > 0: real rejection sampling instead of teacher forcing.")
     ] = False,
@@ -433,6 +440,7 @@ def collect(
             shard=shard,
             on_request=progress.request_callback(f"collect {mode}", len(requests)),
             batch_size=batch_size,
+            probe_batch_size=probe_batch_size,
             free_running=free_running,
             extra_manifest={
                 "targets": targets_provenance(targets_path),

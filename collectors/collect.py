@@ -17,7 +17,7 @@ import numpy as np
 
 from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.collectors.datasets import Request, encode_prompt
-from rift_ada.collectors.probe import probe_arms, probe_request
+from rift_ada.collectors.probe import probe_arms, probe_requests
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 from rift_ada.collectors.targets import ResponseRequest, generate_responses
 from rift_ada.collectors.targets_io import read_targets, target_row
@@ -269,8 +269,14 @@ def collect_probe(
     shard: str | None = None,
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
+    batch_size: int = 1,
 ) -> CollectionSummary:
-    """Probe every request (teacher-forced on its target response) into ``out_dir``."""
+    """Probe every request (teacher-forced on its target response) into ``out_dir``.
+
+    ``batch_size`` requests are probed at a time, their arms' forwards stacked (`probe_requests`);
+    each request's traces are written as soon as it ends."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     by_id = _targets_by_id(targets)
     max_positions = max(
         (len(by_id[r.request_id]["response_token_ids"]) for r in requests if r.request_id in by_id), default=0
@@ -278,31 +284,32 @@ def collect_probe(
     manifest = settings.manifest("probe", len(requests), max_positions=max_positions, **(extra_manifest or {}))
     writer = TraceWriter(out_dir, manifest, shard=shard)
     todo, n_mine = _todo(requests, by_id, shard, writer)
-    arms = probe_arms(settings.arm_ages)
-    policy = settings.cache_policy("rift-stat")
+    arm_names = np.array(probe_arms(settings.arm_ages))
+    texts = [
+        (list(by_id[request.request_id]["prompt_token_ids"]), list(by_id[request.request_id]["response_token_ids"]))
+        for request in todo
+    ]
+    results = probe_requests(
+        draft_model,
+        texts,
+        policy=settings.cache_policy("rift-stat"),
+        temperature=settings.temperature,
+        arm_ages=settings.arm_ages,
+        decision_stride=settings.decision_stride,
+        target_model=target_model,
+        batch_size=batch_size,
+    )
     tokens = 0
-    for request in todo:
-        row = by_id[request.request_id]
-        prompt_ids, response_ids = list(row["prompt_token_ids"]), list(row["response_token_ids"])
-        result = probe_request(
-            draft_model,
-            prompt_ids,
-            response_ids,
-            policy=policy,
-            temperature=settings.temperature,
-            arm_ages=settings.arm_ages,
-            decision_stride=settings.decision_stride,
-            target_model=target_model,
-        )
-        n_out, n_strides = len(response_ids), result.query_drift.shape[1]
-        arm_names = np.array(arms)
+    for index, result in results:
+        request, (prompt_ids, response_ids) = todo[index], texts[index]
+        n_out, n_strides, n_arms = len(response_ids), result.query_drift.shape[1], len(arm_names)
         writer.write_requests(
             {
                 "requests": _request_row(request, len(prompt_ids), n_out),
                 "positions": {
-                    "request_id": [request.request_id] * (len(arms) * n_out),
+                    "request_id": [request.request_id] * (n_arms * n_out),
                     "arm": np.repeat(arm_names, n_out),
-                    "position": np.tile(np.arange(n_out), len(arms)),
+                    "position": np.tile(np.arange(n_out), n_arms),
                     "outcome": result.outcome.reshape(-1),
                     "entropy": result.entropy.reshape(-1),
                     **(
@@ -312,9 +319,9 @@ def collect_probe(
                     ),
                 },
                 "strides": {
-                    "request_id": [request.request_id] * (len(arms) * n_strides),
+                    "request_id": [request.request_id] * (n_arms * n_strides),
                     "arm": np.repeat(arm_names, n_strides),
-                    "stride": np.tile(np.arange(n_strides), len(arms)),
+                    "stride": np.tile(np.arange(n_strides), n_arms),
                     "query_drift": result.query_drift.reshape(-1),
                     "retained_mass": result.retained_mass.reshape(-1),
                 },

@@ -169,13 +169,16 @@ def run_collection(
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
     batch_size: int = 8,
+    probe_batch_size: int = 1,
     free_running: bool = False,
     extra_manifest: dict[str, Any] | None = None,
 ) -> CollectionSummary:
     """Probe or closed-loop collection of ``requests`` into ``out_dir``.
 
-    The manifest also records the run's sorted ``request_ids`` (for per-shard progress and the
-    partial-collection check) and ``extra_manifest`` (e.g. ``targets`` provenance).
+    ``batch_size``: closed-loop runs decoded together; ``probe_batch_size``: requests whose arms'
+    forwards the probe stacks (1 is fastest on CPUs, docs/performance.md). The manifest also records
+    the run's sorted ``request_ids`` (for per-shard progress and the partial-collection check) and
+    ``extra_manifest`` (e.g. ``targets`` provenance).
     """
     extra = {"request_ids": sorted(request.request_id for request in requests), **(extra_manifest or {})}
     if mode == "probe":
@@ -189,6 +192,7 @@ def run_collection(
             shard=shard,
             on_request=on_request,
             extra_manifest=extra,
+            batch_size=probe_batch_size,
         )
     if mode == "closed":
         if not policies:

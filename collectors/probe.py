@@ -11,7 +11,9 @@ of them run as one batched forward per stride (batch = arms). Never a K-step dra
 is one pass per arm per stride, plus one rescoring of the arms that will read it (arm N reads a
 stride's selection N tokens later, if the response lasts that long). An arm at least as old as
 the response's last stride start never refreshes, so it would repeat ``stat``: it is not run, and
-its rows are stat's.
+its rows are stat's. Several requests can be probed at once (`probe_requests`): their arms'
+forwards are stacked along the batch (`rift_ada.batch_cache.StackedArmsCache`), everything else
+stays per request.
 
 Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
 greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x)), and the acceptance
@@ -22,6 +24,7 @@ entropy; per stride and arm: query drift against the arm's last refresh and reta
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +32,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from rift_ada.batch_cache import StackedArmsCache
 from rift_ada.budget import CachePolicy
-from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
+from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
 from rift_ada.speculative import acceptance_given_token
 
@@ -100,7 +104,246 @@ def _arm_working_sets(
     )
 
 
+def check_probe(
+    prompt_ids: Sequence[int], response_ids: Sequence[int], policy: CachePolicy, arm_ages: tuple[int, ...], stride: int
+) -> None:
+    """Refuse settings the probe cannot run, naming the field (before any forward)."""
+    if any(age % stride for age in arm_ages):
+        raise ProbeError(f"arm ages {arm_ages} must be multiples of decision_stride={stride}")
+    if policy.is_full:
+        raise ProbeError("policy: probe arms need a compressed policy (got 'full')")
+    if len(prompt_ids) < 2 or not response_ids:
+        raise ProbeError("need a prompt of >= 2 tokens and a non-empty response")
+
+
+class _RequestProbe:
+    """One request's probe between strides: its canonical, target and arms caches, histories and outputs.
+
+    A stride is `prepare` (rescoring, the arms' working sets), the arms' forward (run by the caller,
+    alone or stacked with other requests' arms) and `finish` (the canonical and target passes, the
+    recorded values)."""
+
+    def __init__(
+        self,
+        draft_model: Any,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        *,
+        policy: CachePolicy,
+        temperature: float,
+        arm_ages: tuple[int, ...],
+        decision_stride: int,
+        target_model: Any | None,
+    ) -> None:
+        self.draft_model, self.target_model = draft_model, target_model
+        self.temperature, self.decision_stride = temperature, decision_stride
+        self.response_ids = response_ids
+        device = self.device = next(draft_model.parameters()).device
+        self.requested_arms = probe_arms(arm_ages)
+        n_out = self.n_out = len(response_ids)
+        n_strides = self.n_strides = -(-n_out // decision_stride)
+        # An arm at least as old as the last stride's start never refreshes within this response: it
+        # reads the prefill selection throughout, as `stat` does, so it is not run and copies stat's rows.
+        arm_ages = self.arm_ages = tuple(age for age in arm_ages if age // decision_stride < n_strides - 1)
+        arms = self.arms = probe_arms(arm_ages)
+        compressed = self.compressed = len(arm_ages) + 1  # the age arms and stat run batched; full is canonical
+        self.outcome = np.full((len(arms), n_out), np.nan, dtype=np.float32)
+        self.entropy = np.full((len(arms), n_out), np.nan, dtype=np.float32)
+        self.query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
+        self.retained_mass = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
+        self.token_acceptance = np.full((len(arms), n_out), np.nan, dtype=np.float32) if temperature > 0 else None
+
+        # The canonical cache stores the full draft KV with full attention: it scores the selections,
+        # gives the `full` arm and measures retained mass. The arms cache holds one KV history (and one
+        # recurrent state, for hybrid models) per compressed arm, each computed under its own working set.
+        canonical = self.canonical = make_draft_cache(draft_model, policy)
+        layers = self.layers = canonical.budgeted_layers
+        for layer in layers:
+            layer.force_full = True
+        self.sequence = torch.tensor([prompt_ids + response_ids], device=device)
+        self.start = len(prompt_ids) - 1
+        _forward(draft_model, self.sequence[:, : self.start], canonical, 0)
+        self.target_cache = None
+        if target_model is not None:
+            self.target_cache = DynamicCache(config=target_model.config)
+            _forward(target_model, self.sequence[:, : self.start], self.target_cache, 0)
+        for layer in layers:
+            layer.pop_query_summary()
+        arms_cache = self.arms_cache = copy.deepcopy(canonical)
+        expand = torch.zeros(compressed, dtype=torch.long, device=device)
+        for index, layer in enumerate(arms_cache.layers):
+            if isinstance(layer, BudgetedLayer):
+                layer.force_full = False
+                layer.expand_batch(compressed)
+            else:
+                arms_cache.layers[index].reorder_cache(expand)
+        self.arm_layers = arms_cache.budgeted_layers
+        for layer in self.arm_layers:  # rescoring reuses each stride's attention mass while it is in the window
+            layer.rescore_block = decision_stride
+
+        self.max_age_strides = max(arm_ages, default=0) // decision_stride
+        self.history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) selections
+        self.arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
+        self.full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
+        self.stat_selection = [layer.compute_selection() for layer in layers]
+        self.stride = 0
+
+    @property
+    def done(self) -> bool:
+        return self.stride >= self.n_strides
+
+    def prepare(self) -> torch.Tensor:
+        """Rescore and set the arms' working sets for the next stride; return its tokens, (1, n_new)."""
+        stride, decision_stride, arm_ages = self.stride, self.decision_stride, self.arm_ages
+        first = stride * decision_stride
+        self.n_new = min(decision_stride, self.n_out - first)
+        self.position = self.start + first
+        self.tokens = self.sequence[:, self.position : self.position + self.n_new]
+        # Each age arm refreshes from its own history (its KV and its last obs_window queries, both
+        # computed under its own working sets), as a closed-loop draft does: one batched rescoring.
+        # Only the arms that will read this stride's selection rescore: arm i reads it at stride
+        # + age_i / decision_stride, if the response lasts that long (`stat` never reads it).
+        read_later = [i for i, age in enumerate(arm_ages) if stride + age // decision_stride < self.n_strides]
+        rows = slice(0, max(read_later) + 1) if stride and read_later else None
+        history = self.history
+        history[stride] = None if rows is None else [layer.compute_selection(rows) for layer in self.arm_layers]
+        history.pop(stride - self.max_age_strides - 1, None)
+        window_start = max(0, self.position - self.layers[0].window + 1)
+        self.arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
+        arm_selections = [
+            self.stat_selection if s == 0 else [selection[arm][None] for selection in history[s]]
+            for arm, s in enumerate(self.arm_refresh)
+        ] + [self.stat_selection]
+        for index, (layer, arm_layer) in enumerate(zip(self.layers, self.arm_layers, strict=True)):
+            working_set = _arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
+            arm_layer.arm_selection, arm_layer.arm_valid, arm_layer.arm_prefix_limit = working_set
+            layer.mass_targets = [working_set]
+        return self.tokens
+
+    def finish(self, arm_logits: torch.Tensor) -> None:
+        """The canonical (and target) pass of the stride and every value recorded for it."""
+        stride, n_new, position, temperature = self.stride, self.n_new, self.position, self.temperature
+        first = stride * self.decision_stride
+        layers, arm_history, full_history = self.layers, self.arm_history, self.full_history
+        arm_history[stride] = [layer.arm_query_sum / n_new for layer in self.arm_layers]
+        full_logits = _forward(self.draft_model, self.tokens, self.canonical, position)
+        full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
+        for table in (arm_history, full_history):
+            table.pop(stride - self.max_age_strides - 2, None)
+        if stride == 0:
+            self.arm_first, self.full_first = arm_history[0], full_history[0]
+        mass = torch.stack([layer.retained for layer in layers]).mean(0)
+        for layer in layers:
+            layer.mass_targets = None
+        if self.target_model is not None:
+            target_logits = _forward(self.target_model, self.tokens, self.target_cache, position)[0]
+        else:
+            target_logits = full_logits[0]
+
+        n_arms = len(self.arms)
+        all_logits = torch.cat([arm_logits, full_logits], 0)  # (A, n_new, vocab)
+        arm_entropy, arm_probs = _entropy_and_probs(all_logits, temperature)
+        expected = torch.tensor(self.response_ids[first : first + n_new], device=self.device)
+        if temperature > 0:
+            target_probs = torch.softmax(target_logits.float() / temperature, -1)
+            values = torch.minimum(arm_probs, target_probs[None]).sum(-1)
+            # Given the text's token x, rejection sampling accepts the draft with min(p, q)(x) / p(x).
+            draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(n_arms, -1, 1))[..., 0]
+            target_at_token = target_probs.gather(-1, expected[:, None])[:, 0]
+            given_token = acceptance_given_token(draft_at_token, target_at_token[None])
+            self.token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
+        else:
+            values = (all_logits.argmax(-1) == expected[None]).float()
+        self.outcome[:, first : first + n_new] = values.cpu().numpy()
+        self.entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
+        self.retained_mass[: self.compressed, stride] = mass.cpu().numpy()
+        self.retained_mass[-1, stride] = 1.0
+        # Query drift: the arm's own summary now against its summary just before its last refresh.
+        for arm_index, refresh_stride in enumerate([*self.arm_refresh, 0]):
+            reference = arm_history.get(refresh_stride - 1, self.arm_first) if refresh_stride > 0 else self.arm_first
+            now = [summary[arm_index] for summary in arm_history[stride]]
+            self.query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
+        self.query_drift[-1, stride] = _cosine_drift(full_history[stride], self.full_first)
+        self.stride += 1
+
+    def result(self) -> ProbeResult:
+        arms = self.arms
+        rows = [arms.index(arm if arm in arms else ARM_STAT) for arm in self.requested_arms]
+        acceptance = self.token_acceptance
+        return ProbeResult(
+            self.requested_arms,
+            self.outcome[rows],
+            self.entropy[rows],
+            self.query_drift[rows],
+            self.retained_mass[rows],
+            None if acceptance is None else acceptance[rows],
+        )
+
+
+def _arms_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Tensor]:
+    """One forward of the group's arms (each request's prepared stride); per request (arms, n_new, vocab)."""
+    if len(group) == 1:  # one request: its own arms cache, no stacking
+        probe = group[0]
+        return [_forward(draft_model, probe.tokens.expand(probe.compressed, -1), probe.arms_cache, probe.position)]
+    stacked = StackedArmsCache([probe.arms_cache for probe in group])
+    tokens = torch.cat([probe.tokens.expand(probe.compressed, -1) for probe in group])
+    offsets = torch.arange(group[0].n_new, device=tokens.device)[None]
+    positions = torch.cat([(probe.position + offsets).expand(probe.compressed, -1) for probe in group])
+    logits = draft_model(input_ids=tokens, position_ids=positions, cache=stacked, use_cache=True).logits
+    stacked.split()
+    return list(logits.split([probe.compressed for probe in group]))
+
+
 @torch.no_grad()
+def probe_requests(
+    draft_model: Any,
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    policy: CachePolicy,
+    temperature: float = 0.0,
+    arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES,
+    decision_stride: int = 8,
+    target_model: Any | None = None,
+    batch_size: int = 1,
+) -> Iterator[tuple[int, ProbeResult]]:
+    """Probe (prompt, response) requests, up to ``batch_size`` at a time; yield (index, result) as each ends.
+
+    Each request prefills and runs its canonical pass alone; the arms' forwards of the requests in
+    flight whose strides have the same length run as one forward (their arms stacked along the
+    batch), and a finished request's slot goes to the next. A request's values are those it gets
+    alone, up to the order of float operations in a larger batch. Models with built-in
+    sliding-window layers (GPT-OSS) run their arms one request at a time.
+    """
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be >= 1, got {batch_size}")
+    for prompt_ids, response_ids in requests:
+        check_probe(prompt_ids, response_ids, policy, arm_ages, decision_stride)
+    waiting = list(enumerate(requests))[::-1]
+    active: list[tuple[int, _RequestProbe]] = []
+    settings = dict(
+        policy=policy,
+        temperature=temperature,
+        arm_ages=arm_ages,
+        decision_stride=decision_stride,
+        target_model=target_model,
+    )
+    while waiting or active:
+        while waiting and len(active) < batch_size:
+            index, (prompt_ids, response_ids) = waiting.pop()
+            active.append((index, _RequestProbe(draft_model, list(prompt_ids), list(response_ids), **settings)))
+        groups: dict[int, list[_RequestProbe]] = {}
+        for _, probe in active:
+            probe.prepare()
+            stackable = StackedArmsCache.stackable(probe.arms_cache)
+            groups.setdefault(probe.n_new if stackable else -id(probe), []).append(probe)
+        for group in groups.values():
+            for probe, arm_logits in zip(group, _arms_forward(draft_model, group), strict=True):
+                probe.finish(arm_logits)
+        for index, probe in [item for item in active if item[1].done]:
+            yield index, probe.result()
+        active = [item for item in active if not item[1].done]
+
+
 def probe_request(
     draft_model: Any,
     prompt_ids: list[int],
@@ -113,130 +356,13 @@ def probe_request(
     target_model: Any | None = None,
 ) -> ProbeResult:
     """Probe one request; ``target_model=None`` is KV self-speculation (the full arm is the target)."""
-    if any(age % decision_stride for age in arm_ages):
-        raise ProbeError(f"arm ages {arm_ages} must be multiples of decision_stride={decision_stride}")
-    if policy.is_full:
-        raise ProbeError("policy: probe arms need a compressed policy (got 'full')")
-    if len(prompt_ids) < 2 or not response_ids:
-        raise ProbeError("need a prompt of >= 2 tokens and a non-empty response")
-    device = next(draft_model.parameters()).device
-    requested_arms = probe_arms(arm_ages)
-    n_out = len(response_ids)
-    n_strides = -(-n_out // decision_stride)
-    # An arm at least as old as the last stride's start never refreshes within this response: it
-    # reads the prefill selection throughout, as `stat` does, so it is not run and copies stat's rows.
-    arm_ages = tuple(age for age in arm_ages if age // decision_stride < n_strides - 1)
-    arms = probe_arms(arm_ages)
-    compressed = len(arm_ages) + 1  # the age arms and stat run batched; full is the canonical pass
-    outcome = np.full((len(arms), n_out), np.nan, dtype=np.float32)
-    entropy = np.full((len(arms), n_out), np.nan, dtype=np.float32)
-    query_drift = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
-    retained_mass = np.full((len(arms), n_strides), np.nan, dtype=np.float32)
-    token_acceptance = np.full((len(arms), n_out), np.nan, dtype=np.float32) if temperature > 0 else None
-
-    # The canonical cache stores the full draft KV with full attention: it scores the selections,
-    # gives the `full` arm and measures retained mass. The arms cache holds one KV history (and one
-    # recurrent state, for hybrid models) per compressed arm, each computed under its own working set.
-    canonical: BudgetedCache = make_draft_cache(draft_model, policy)
-    layers = canonical.budgeted_layers
-    for layer in layers:
-        layer.force_full = True
-    sequence = torch.tensor([prompt_ids + response_ids], device=device)
-    start = len(prompt_ids) - 1
-    _forward(draft_model, sequence[:, :start], canonical, 0)
-    target_cache = None
-    if target_model is not None:
-        target_cache = DynamicCache(config=target_model.config)
-        _forward(target_model, sequence[:, :start], target_cache, 0)
-    for layer in layers:
-        layer.pop_query_summary()
-    arms_cache = copy.deepcopy(canonical)
-    expand = torch.zeros(compressed, dtype=torch.long, device=device)
-    for index, layer in enumerate(arms_cache.layers):
-        if isinstance(layer, BudgetedLayer):
-            layer.force_full = False
-            layer.expand_batch(compressed)
-        else:
-            arms_cache.layers[index].reorder_cache(expand)
-    arm_layers = arms_cache.budgeted_layers
-    for layer in arm_layers:  # rescoring reuses each stride's attention mass while it is in the window
-        layer.rescore_block = decision_stride
-
-    max_age_strides = max(arm_ages, default=0) // decision_stride
-    history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) own selections
-    arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
-    full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
-    stat_selection = [layer.compute_selection() for layer in layers]
-
-    for stride in range(n_strides):
-        first = stride * decision_stride
-        n_new = min(decision_stride, n_out - first)
-        position = start + first
-        tokens = sequence[:, position : position + n_new]
-        # Each age arm refreshes from its own history (its KV and its last obs_window queries, both
-        # computed under its own working sets), as a closed-loop draft does: one batched rescoring.
-        # Only the arms that will read this stride's selection rescore: arm i reads it at stride
-        # + age_i / decision_stride, if the response lasts that long (`stat` never reads it).
-        read_later = [i for i, age in enumerate(arm_ages) if stride + age // decision_stride < n_strides]
-        rows = slice(0, max(read_later) + 1) if stride and read_later else None
-        history[stride] = None if rows is None else [layer.compute_selection(rows) for layer in arm_layers]
-        history.pop(stride - max_age_strides - 1, None)
-        window_start = max(0, position - layers[0].window + 1)
-        arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
-        arm_selections = [
-            stat_selection if s == 0 else [selection[arm][None] for selection in history[s]]
-            for arm, s in enumerate(arm_refresh)
-        ] + [stat_selection]
-        for index, (layer, arm_layer) in enumerate(zip(layers, arm_layers, strict=True)):
-            working_set = _arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
-            arm_layer.arm_selection, arm_layer.arm_valid, arm_layer.arm_prefix_limit = working_set
-            layer.mass_targets = [working_set]
-
-        arm_logits = _forward(draft_model, tokens.expand(compressed, -1), arms_cache, position)
-        arm_history[stride] = [layer.arm_query_sum / n_new for layer in arm_layers]
-        full_logits = _forward(draft_model, tokens, canonical, position)
-        full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
-        for table in (arm_history, full_history):
-            table.pop(stride - max_age_strides - 2, None)
-        if stride == 0:
-            arm_first, full_first = arm_history[0], full_history[0]
-        mass = torch.stack([layer.retained for layer in layers]).mean(0)
-        for layer in layers:
-            layer.mass_targets = None
-        if target_model is not None:
-            target_logits = _forward(target_model, tokens, target_cache, position)[0]
-        else:
-            target_logits = full_logits[0]
-
-        all_logits = torch.cat([arm_logits, full_logits], 0)  # (A, n_new, vocab)
-        arm_entropy, arm_probs = _entropy_and_probs(all_logits, temperature)
-        expected = torch.tensor(response_ids[first : first + n_new], device=device)
-        if temperature > 0:
-            target_probs = torch.softmax(target_logits.float() / temperature, -1)
-            values = torch.minimum(arm_probs, target_probs[None]).sum(-1)
-            # Given the text's token x, rejection sampling accepts the draft with min(p, q)(x) / p(x).
-            draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(len(arms), -1, 1))[..., 0]
-            target_at_token = target_probs.gather(-1, expected[:, None])[:, 0]
-            given_token = acceptance_given_token(draft_at_token, target_at_token[None])
-            token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
-        else:
-            values = (all_logits.argmax(-1) == expected[None]).float()
-        outcome[:, first : first + n_new] = values.cpu().numpy()
-        entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
-        retained_mass[:compressed, stride] = mass.cpu().numpy()
-        retained_mass[-1, stride] = 1.0
-        # Query drift: the arm's own summary now against its summary just before its last refresh.
-        for arm_index, refresh_stride in enumerate([*arm_refresh, 0]):
-            reference = arm_history.get(refresh_stride - 1, arm_first) if refresh_stride > 0 else arm_first
-            now = [summary[arm_index] for summary in arm_history[stride]]
-            query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
-        query_drift[-1, stride] = _cosine_drift(full_history[stride], full_first)
-    rows = [arms.index(arm if arm in arms else ARM_STAT) for arm in requested_arms]
-    return ProbeResult(
-        requested_arms,
-        outcome[rows],
-        entropy[rows],
-        query_drift[rows],
-        retained_mass[rows],
-        None if token_acceptance is None else token_acceptance[rows],
+    results = probe_requests(
+        draft_model,
+        [(prompt_ids, response_ids)],
+        policy=policy,
+        temperature=temperature,
+        arm_ages=arm_ages,
+        decision_stride=decision_stride,
+        target_model=target_model,
     )
+    return next(iter(results))[1]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, band_mask, pop_pending, set_pending
@@ -50,11 +51,18 @@ from rift_ada.cache import (
 class BatchPending:
     """The attention note of a batched forward: each row's own note (None: the row is idle)."""
 
-    layer: BatchedLayer
+    layer: DynamicLayer
     rows: list[PendingAttention | None]
     counts: list[int]
     sizes: list[int]  # keys of each row in the padded working set
     n_new: int
+    spans: list[int] | None = None  # batch rows each note covers (a probe request's arms); None: one each
+
+    def row_slices(self) -> list[slice]:
+        """The batch rows of each note."""
+        spans = self.spans or [1] * len(self.rows)
+        ends = [sum(spans[: index + 1]) for index in range(len(spans))]
+        return [slice(end - span, end) for end, span in zip(ends, spans, strict=True)]
 
 
 class BatchedLayer(DynamicLayer):
@@ -234,7 +242,8 @@ def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
         )
         for note in pending.rows
     )
-    return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv)
+    spans = None if pending.spans is None else tuple(pending.spans)
+    return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv, spans)
 
 
 def batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
@@ -260,9 +269,10 @@ def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch
     )
     if every:  # one new token per row and equal working sets: each token sees all of its own keys
         return None
-    mask = torch.zeros(len(pending.rows), n_kv, pending.n_new, width, dtype=torch.bool, device=device)
+    slices = pending.row_slices()
+    mask = torch.zeros(slices[-1].stop, n_kv, pending.n_new, width, dtype=torch.bool, device=device)
     mask[:, :, :, 0] = True  # padding queries and idle rows see one dummy key; their output is unused
-    for index, (note, count, size) in enumerate(zip(pending.rows, pending.counts, pending.sizes, strict=True)):
+    for rows, note, count, size in zip(slices, pending.rows, pending.counts, pending.sizes, strict=True):
         if note is None:
             continue
         if note.full:
@@ -270,8 +280,8 @@ def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch
             query_positions = torch.arange(note.first_position, note.first_position + count, device=device)
             visible = (key_positions[None, :] <= query_positions[:, None])[None, None]
         else:
-            visible = band_mask(note, device)
-        mask[index, :, :count, :size] = visible[0].expand(n_kv, -1, -1)
+            visible = band_mask(note, device)  # (1 | the note's rows, 1 | kv, q, size)
+        mask[rows, :, :count, :size] = visible.expand(rows.stop - rows.start, n_kv, -1, -1)
     return mask
 
 
@@ -289,10 +299,9 @@ def batched_attention(
     n_kv = key.shape[1]
     group = n_heads // n_kv
     group_mean = group_query_mean(pre_rope_query, n_kv)
-    for index, note in enumerate(pending.rows):
+    slices = pending.row_slices()
+    for rows, note, count in zip(slices, pending.rows, pending.counts, strict=True):
         if note is not None:
-            count = pending.counts[index]
-            rows = slice(index, index + 1)
             note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
     mask = batch_mask(pending, n_kv, key.device)
     sinks = getattr(module, "sinks", None)
@@ -313,10 +322,9 @@ def batched_attention(
         probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(logits, dim=-1)
-    for index, note in enumerate(pending.rows):
+    for rows, note, count, size in zip(slices, pending.rows, pending.counts, pending.sizes, strict=True):
         if note is not None and note.layer.needs_probs(note):
-            count, size = pending.counts[index], pending.sizes[index]
-            note.layer.observe_attention(probs[index : index + 1, :, :, :count, :size], note)
+            note.layer.observe_attention(probs[rows, :, :, :count, :size], note)
     output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
     return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
 
@@ -477,3 +485,96 @@ class RowCache:
 
     def selections(self) -> list[torch.Tensor | None]:
         return [layer.selection for layer in self.budgeted_layers]
+
+
+# ---- several probe requests' arms in one forward ---------------------------------------------
+class StackedArmsLayer(DynamicLayer):
+    """One full-attention layer of several probe requests' arms caches, stacked along the batch.
+
+    Each member is one request's `BudgetedLayer` in probe-arms mode (a batch of arms over its own
+    stored KV, length and working sets); a forward splits the new keys and values by member, lets
+    each member append them and gather its arms' working sets, and pads the sets to one width.
+    The member's attention note covers its rows (`BatchPending.spans`)."""
+
+    def __init__(self, members: list[BudgetedLayer], layer_idx: int):
+        super().__init__()
+        self.members = members
+        self.layer_idx = layer_idx
+        self.spans = [member.keys.shape[0] for member in members]
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return max(member.length for member in self.members)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        n_new = key_states.shape[2]
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        notes: list[PendingAttention | None] = []
+        first = 0
+        for member, span in zip(self.members, self.spans, strict=True):
+            rows = slice(first, first + span)
+            parts.append(member.update(key_states[rows], value_states[rows]))
+            notes.append(pop_pending(self.layer_idx))
+            first += span
+        sizes = [part[0].shape[2] for part in parts]
+        width = max(sizes)
+        set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
+        if all(size == width for size in sizes):
+            return torch.cat([part[0] for part in parts], 0), torch.cat([part[1] for part in parts], 0)
+        padded = [
+            [torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2])) for tensor in part] for part in parts
+        ]
+        return torch.cat([part[0] for part in padded], 0), torch.cat([part[1] for part in padded], 0)
+
+
+class StackedArmsCache(DynamicCache):
+    """Several probe requests' arms caches as one cache for one forward (the probe's request batch).
+
+    Budgeted layers become `StackedArmsLayer`s over the members' own layers; the other layers
+    (recurrent states) are concatenated for the forward and handed back, row by row, by `split`.
+    Every member must feed the same number of new tokens (a recurrent state cannot skip padding).
+    Built-in sliding-window layers mask by one position common to the batch, so caches that hold
+    them cannot be stacked (`stackable`)."""
+
+    def __init__(self, caches: Sequence[BudgetedCache]):
+        if not caches:
+            raise CacheError("stacking needs at least one arms cache")
+        for cache in caches:
+            if not self.stackable(cache):
+                raise CacheError("an arms cache with built-in sliding-window layers cannot be stacked")
+        self.__dict__.update(copy.copy(caches[0].__dict__))  # config-derived fields of a DynamicCache
+        self.members = list(caches)
+        self.layers = []
+        for index, layer in enumerate(caches[0].layers):
+            if isinstance(layer, BudgetedLayer):
+                self.layers.append(StackedArmsLayer([cache.layers[index] for cache in caches], index))
+            else:
+                self.layers.append(_join_layers([cache.layers[index] for cache in caches]))
+        self.spans = next(layer.spans for layer in self.layers if isinstance(layer, StackedArmsLayer))
+
+    @staticmethod
+    def stackable(cache: DynamicCache) -> bool:
+        return not any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers)
+
+    def split(self) -> None:
+        """Hand each member its rows of the concatenated (recurrent) layers after a forward."""
+        ends = [sum(self.spans[: index + 1]) for index in range(len(self.spans))]
+        for index, joined in enumerate(self.layers):
+            if isinstance(joined, StackedArmsLayer):
+                continue
+            joined_slots = list(_state_slots(joined))
+            for cache, end, span in zip(self.members, ends, self.spans, strict=True):
+                member = cache.layers[index]
+                for (container, key), (joined_container, joined_key) in zip(
+                    _state_slots(member), joined_slots, strict=True
+                ):
+                    container[key] = joined_container[joined_key][end - span : end]
+                for name, value in vars(joined).items():  # flags a forward may set (has_previous_state, ...)
+                    if isinstance(value, dict):
+                        own = getattr(member, name)
+                        own.update({k: v for k, v in value.items() if not isinstance(v, torch.Tensor)})
+                    elif not isinstance(value, torch.Tensor):
+                        setattr(member, name, copy.copy(value))

@@ -1,0 +1,162 @@
+"""The probe with requests batched as well as arms: each request gets what it gets probed alone."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import VOCAB, tiny_model
+
+from rift_ada.batch_cache import StackedArmsCache
+from rift_ada.budget import make_policy
+from rift_ada.collectors.probe import ProbeError, _RequestProbe, probe_request, probe_requests
+from rift_ada.speculative import speculative_generate
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+ARM_AGES = (0, 8, 16, 32, 64)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _requests(model: torch.nn.Module) -> list[tuple[list[int], list[int]]]:
+    """Mixed prompts (one shorter than the window, so its arms' working sets are narrower early on) and
+    mixed responses: partial last strides of different lengths, and a response too short for the
+    older arms (so the requests run different numbers of arms)."""
+    full = make_policy("full")
+    requests = []
+    for seed, (prompt_length, response_length) in enumerate([(44, 61), (6, 40), (70, 21), (30, 56), (52, 9)]):
+        prompt = _prompt(100 + seed, prompt_length)
+        response = speculative_generate(model, prompt, policy=full, max_new_tokens=response_length, seed=seed).tokens
+        requests.append((prompt, response[:response_length]))
+    return requests
+
+
+def _assert_same(got, alone, exact: bool, label: str) -> None:
+    assert got.arms == alone.arms, label
+    for name in ("outcome", "entropy", "query_drift", "retained_mass", "token_acceptance"):
+        a, b = getattr(got, name), getattr(alone, name)
+        if a is None or b is None:
+            assert a is None and b is None, (label, name)
+        elif exact or name == "outcome" and got.token_acceptance is None:  # T = 0 outcomes: greedy agreement
+            np.testing.assert_array_equal(a, b, err_msg=f"{label} {name}")
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"{label} {name}")
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_request_of_a_batch_gets_what_it_gets_alone(architecture: str, temperature: float):
+    """Batches of 3 and of all 5 requests (so requests leave and others join mid-run) against each
+    request probed alone: every array of every request, outcomes exactly at T = 0."""
+    model = tiny_model(architecture, seed=5)
+    requests = _requests(model)
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    settings = dict(policy=policy, temperature=temperature, arm_ages=ARM_AGES)
+    alone = [probe_request(model, prompt, response, **settings) for prompt, response in requests]
+    assert len({len(result.arms) for result in alone}) == 1  # requested arms; the ones run differ (see _requests)
+    for batch_size in (3, 5):
+        results = list(probe_requests(model, requests, batch_size=batch_size, **settings))
+        finished = [index for index, _ in results]
+        assert sorted(finished) == list(range(len(requests)))
+        assert finished != list(range(len(requests)))  # short requests finish first: results come as they end
+        for index, result in results:
+            label = f"{architecture} T={temperature} batch {batch_size} request {index}"
+            _assert_same(result, alone[index], exact=False, label=label)
+
+
+@torch.no_grad()
+def test_stacked_arms_forward_leaves_each_request_as_its_own_forward_would():
+    """Stacking two requests' arms caches for one forward: each member's stored KV, length and
+    recurrent state end exactly where its own forward leaves them (qwen3_5: Gated DeltaNet states)."""
+    model = tiny_model("qwen3_5", seed=2)
+    requests = _requests(model)[:2]
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    settings = dict(policy=policy, temperature=0.0, arm_ages=ARM_AGES, decision_stride=8, target_model=None)
+    probes = [_RequestProbe(model, list(p), list(r), **settings) for p, r in requests]
+    for probe in probes:
+        probe.prepare()
+    own = [copy.deepcopy(probe.arms_cache) for probe in probes]
+    own_logits = [
+        model(
+            input_ids=probe.tokens.expand(probe.compressed, -1),
+            position_ids=(probe.position + torch.arange(8))[None].expand(probe.compressed, -1),
+            cache=cache,
+            use_cache=True,
+        ).logits
+        for probe, cache in zip(probes, own, strict=True)
+    ]
+    stacked = StackedArmsCache([probe.arms_cache for probe in probes])
+    tokens = torch.cat([probe.tokens.expand(probe.compressed, -1) for probe in probes])
+    positions = torch.cat([(probe.position + torch.arange(8))[None].expand(probe.compressed, -1) for probe in probes])
+    logits = model(input_ids=tokens, position_ids=positions, cache=stacked, use_cache=True).logits
+    stacked.split()
+    for probe, cache, expected in zip(probes, own, own_logits, strict=True):
+        got = logits[: probe.compressed]
+        logits = logits[probe.compressed :]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        for mine, theirs in zip(probe.arms_cache.layers, cache.layers, strict=True):
+            if hasattr(mine, "length"):
+                assert mine.length == theirs.length
+                torch.testing.assert_close(mine.stored_keys(), theirs.stored_keys(), rtol=1e-4, atol=1e-5)
+            else:
+                for state, reference in zip(
+                    mine.recurrent_states.values(), theirs.recurrent_states.values(), strict=True
+                ):
+                    assert state.shape == reference.shape and state.shape[0] == probe.compressed
+                    torch.testing.assert_close(state, reference, rtol=1e-4, atol=1e-5)
+                for state, reference in zip(mine.conv_states.values(), theirs.conv_states.values(), strict=True):
+                    torch.testing.assert_close(state, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_request_is_refused_before_any_forward():
+    model = tiny_model("llama", seed=1)
+    good = (_prompt(1, 20), _prompt(2, 16))
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    with pytest.raises(ProbeError, match="non-empty response"):
+        list(probe_requests(model, [good, (_prompt(3, 20), [])], policy=policy, batch_size=2))
+    with pytest.raises(ProbeError, match="batch_size"):
+        list(probe_requests(model, [good], policy=policy, batch_size=0))
+
+
+def test_batched_collection_writes_the_traces_of_one_request_at_a_time(tmp_path):
+    """`collect_probe(batch_size=3)` writes each request's traces under its own id as it ends (the
+    short ones first): the trace directory reads back as the one-at-a-time collection's."""
+    from rift_ada.collectors.collect import CollectSettings, collect_probe
+    from rift_ada.collectors.datasets import Request
+    from rift_ada.collectors.trace_io import read_probe_traces
+
+    model = tiny_model("llama", seed=4)
+    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=8, arm_ages=(0, 8, 16))
+    requests, targets = [], []
+    for index, (prompt_length, response_length) in enumerate([(40, 30), (12, 9), (33, 21), (25, 16)]):
+        requests.append(Request(f"r{index}", "synthetic", "cat", "low", [{"role": "user", "content": "x"}]))
+        targets.append(
+            {
+                "request_id": f"r{index}",
+                "prompt_token_ids": _prompt(200 + index, prompt_length),
+                "response_token_ids": _prompt(300 + index, response_length),
+            }
+        )
+    ended: list[str] = []
+    collect_probe(model, requests, targets, tmp_path / "one", settings)
+    summary = collect_probe(
+        model,
+        requests,
+        targets,
+        tmp_path / "batched",
+        settings,
+        batch_size=3,
+        on_request=lambda rid, _: ended.append(rid),
+    )
+    assert summary.collected == 4 and ended[0] == "r1" and sorted(ended) == ["r0", "r1", "r2", "r3"]
+    one, batched = read_probe_traces(tmp_path / "one"), read_probe_traces(tmp_path / "batched")
+    assert list(one.requests["request_id"]) == list(batched.requests["request_id"])
+    np.testing.assert_array_equal(one.outcome, batched.outcome)  # T = 0: greedy agreement
+    np.testing.assert_allclose(one.entropy, batched.entropy, rtol=1e-4, atol=1e-5, equal_nan=True)
+    for name, values in one.stride_signals.items():
+        np.testing.assert_allclose(values, batched.stride_signals[name], rtol=1e-4, atol=1e-5, equal_nan=True)
