@@ -10,13 +10,16 @@ of ``--batches`` (the first is the reference), the sizes in rotating order over 
 the best wall time of each is kept. Each batched result is compared with the reference's, array
 by array: at T = 0 the outcomes (greedy agreement, 0 or 1) must be equal, and the other values
 may differ only in the last bits a larger batch's float operations change (``--tolerance``), else
-the script exits 1.
+the script exits 1. With ``--profile`` each run is timed under cProfile (a few percent slower) and
+the seconds spent in the arms' forwards (`_arms_forward`) are printed beside the totals.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -35,15 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--osl", default="128", help="response lengths, cycled over the requests")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="largest difference allowed in float values")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", help="model dtype (bfloat16 on a GPU)")
     parser.add_argument(
+        "--profile", action="store_true", help="run under cProfile and print the seconds in the arms' forwards"
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="print the differences without failing (GPU, bf16: other kernels)"
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     batches = [int(x) for x in args.batches.split(",")]
     lengths = [int(x) for x in args.osl.split(",")]
 
@@ -76,12 +83,22 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     seconds: dict[int, list[float]] = {batch: [] for batch in batches}
+    arms_seconds: dict[int, list[float]] = {batch: [] for batch in batches}  # --profile
     results: dict[int, dict[int, object]] = {}
     for repeat in range(args.repeats):
         order = batches[repeat % len(batches) :] + batches[: repeat % len(batches)]
         for batch in order:
+            profile = cProfile.Profile() if args.profile else None
             start = time.perf_counter()
+            if profile is not None:
+                profile.enable()
             results[batch] = dict(probe_requests(model, requests, policy=policy, batch_size=batch))
+            if profile is not None:
+                profile.disable()
+                stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+                arms_seconds[batch].append(
+                    sum(entry[3] for (_, _, function), entry in stats.items() if function == "_arms_forward")
+                )
             seconds[batch].append(time.perf_counter() - start)
             print(f"  repeat {repeat}, batch {batch}: {seconds[batch][-1]:.1f} s", flush=True)
     reference = batches[0]
@@ -101,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{best_reference / best:4.2f}x batch {reference}; vs batch {reference}: "
             f"{outcome_changes} outcomes changed, other values differ by at most {largest:.1e}"
         )
+        if args.profile:
+            arms, arms_reference = min(arms_seconds[batch]), min(arms_seconds[reference])
+            print(
+                f"          under cProfile: arms' forwards {arms:6.1f} s ({arms / best:.0%} of the run), "
+                f"{arms_reference / arms:4.2f}x batch {reference}'s"
+            )
     return 0 if agree or args.report_only else 1
 
 

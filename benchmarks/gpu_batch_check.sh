@@ -2,7 +2,8 @@
 # Issue 10's GPU check, ready for a machine with a GPU: the batched draft/verify loop and target
 # generation on SmolLM2-135M in bf16 on CUDA, at T = 0 and T = 1, batch 8 against batch 1 (and
 # continuous batching), the same ratios benchmarks/bench_batch.py prints on the CPU
-# (docs/performance.md, "Batches").
+# (docs/performance.md, "Batches"); then the probe with 1, 4 and 8 requests' arms stacked per
+# forward (benchmarks/bench_probe_requests.py; on this CPU stacking did not pay).
 #
 #   bash benchmarks/gpu_batch_check.sh [OUT_DIR]          # default OUT_DIR: runs/gpu-batch-check
 #   DEVICE=cpu DTYPE=float32 TOKENS=16 REQUESTS=4 BATCH=2 THREADS=1 bash benchmarks/gpu_batch_check.sh   # CPU smoke run
@@ -40,4 +41,7 @@ for temperature in 0 1; do
     --requests "$REQUESTS" --batch "$BATCH" --tokens "$TOKENS" --threads "$THREADS" --mixed 2>&1 \
     | grep -v "Loading weights" | tee "$OUT/bench_batch_T$temperature.log"
 done
+echo "== probe: 1, 4 and 8 requests' arms per forward, 8 requests x $TOKENS tokens, $DTYPE on $DEVICE"
+"$PYTHON" "$HERE/bench_probe_requests.py" --device "$DEVICE" --dtype "$DTYPE" --batches 1,4,8 --requests 8 \
+  --osl "$TOKENS" --threads "$THREADS" --report-only 2>&1 | grep -v "Loading weights" | tee "$OUT/bench_probe_requests.log"
 echo "gpu_batch_check: done; logs in $OUT"
