@@ -406,6 +406,8 @@ def collect(
         bad_option("--policy", "only --mode closed runs policies (probe mode records every arm)")
     if free_running and mode != "closed":
         bad_option("--free-running", "applies to --mode closed only")
+    if probe_batch_size != 1 and mode != "probe":
+        bad_option("--probe-batch-size", "applies to --mode probe only (closed mode: --batch-size)")
     if free_running and temp <= 0:
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
     _check_writable(out / "manifest.json", "--out")

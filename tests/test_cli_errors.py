@@ -84,6 +84,8 @@ BAD_OPTIONS = [
     (["collect", "--sw-ratio", "1.5"], "--sw-ratio"),
     (["collect", "--block-size", "0"], "--block-size"),
     (["collect", "--mode", "closed"], "--policy"),
+    (["collect", "--mode", "closed", "--policy", "stat", "--probe-batch-size", "4"], "--probe-batch-size"),
+    (["collect", "--probe-batch-size", "0"], "--probe-batch-size"),
     (["collect", "--mode", "closed", "--policy", "bogus"], "--policy"),
     (["collect", "--mode", "closed", "--policy", "periodic:0"], "--policy"),
     (["collect", "--mode", "closed", "--policy", "stat", "--policy", "stat"], "--policy"),
