@@ -188,8 +188,12 @@ def select_requests(requests: Sequence[Any], size: BenchSize) -> list[Any]:
     return spread_requests(eligible, size.n_requests)
 
 
+_GRID_FIELDS = ("budgets", "temperatures")  # the grid a cell sits in; its own budget and temperature are fields
+
+
 def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: int, model: str, dataset: str) -> dict:
-    fields = asdict(size)
+    """What a finished cell depends on (adding a budget or a temperature to the grid leaves it done)."""
+    fields = {name: value for name, value in asdict(size).items() if name not in _GRID_FIELDS}
     if temperature <= 0:  # teacher-forced at T = 0 either way
         del fields["free_running"]
     return {
@@ -200,6 +204,15 @@ def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: in
         "model": model,
         "dataset": dataset,
     }
+
+
+def same_cell(stored: Any, fingerprint: dict) -> bool:
+    """Whether a finished cell's stored fingerprint is ``fingerprint`` (cells written before
+    2026-12-01 also recorded the whole grid, which is ignored)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("size"), dict):
+        return False
+    size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS}
+    return {**stored, "size": size} == fingerprint
 
 
 def _table_specs(size: BenchSize) -> list[str]:
@@ -388,7 +401,7 @@ def run_cell(
     cell_file = folder / "cell.json"
     if cell_file.exists():
         done = json.loads(cell_file.read_text(encoding="utf-8"))
-        if done.get("fingerprint") == fingerprint:
+        if same_cell(done.get("fingerprint"), fingerprint):
             stages.progress(f"{tag}: done earlier", 1, 1)
             return done
     settings = CollectSettings(

@@ -133,3 +133,23 @@ def test_bad_sizes_are_refused_before_any_model_loads(tmp_path):
     outcome = CliRunner().invoke(app, ["bench", "--budgets", "128,x", "--out", str(tmp_path / "b")])
     assert outcome.exit_code == 2 and "--budgets" in outcome.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_adding_a_budget_or_a_temperature_leaves_finished_cells_done():
+    """A cell's fingerprint holds what the cell depends on, not the grid around it: a run continued
+    with another budget or temperature reads its finished cells back (also cells whose stored
+    fingerprint still records the grid, as before 2026-12-01); a changed setting re-runs them."""
+    from rift_ada.calibrate.bench import _cell_fingerprint, same_cell
+    from rift_ada.calibrate.export import json_safe
+
+    def fingerprint(size):
+        return json_safe(_cell_fingerprint(size, 0.0, 96, 0, "tiny", "embedded"))
+
+    alone = fingerprint(bench_size("tiny", budgets=(96,), temperatures=(0.0,)))
+    grid = fingerprint(bench_size("tiny", budgets=(96, 160), temperatures=(0.0, 1.0)))
+    assert same_cell(alone, grid)
+    older = {**grid, "size": {**grid["size"], "budgets": [96], "temperatures": [0.0]}}
+    assert same_cell(older, grid)
+    assert not same_cell(fingerprint(bench_size("tiny", n_requests=7)), grid)
+    assert not same_cell({**grid, "budget": 160}, grid)
+    assert not same_cell(None, grid)
