@@ -74,8 +74,11 @@ def _entropy_and_probs(logits: torch.Tensor, temperature: float) -> tuple[torch.
     return -(probs * log_probs).sum(-1), probs
 
 
-def _forward(model: Any, tokens: torch.Tensor, cache: Any, start: int) -> torch.Tensor:
-    positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
+def _forward(model: Any, tokens: torch.Tensor, cache: Any, start: int | torch.Tensor) -> torch.Tensor:
+    """Logits of ``tokens`` (rows, n) fed from position ``start``: one for every row, or (rows,) per row."""
+    offsets = torch.arange(tokens.shape[1], device=tokens.device)
+    first = torch.as_tensor(start, device=tokens.device).reshape(-1, 1)
+    positions = (first + offsets).expand(tokens.shape[0], -1)
     return model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits
 
 
@@ -178,6 +181,7 @@ class _RequestProbe:
             else:
                 arms_cache.layers[index].reorder_cache(expand)
         self.arm_layers = arms_cache.budgeted_layers
+        self.stackable = StackedArmsCache.stackable(arms_cache)  # may share a forward with other requests
         for layer in self.arm_layers:  # rescoring reuses each stride's attention mass while it is in the window
             layer.rescore_block = decision_stride
 
@@ -287,9 +291,8 @@ def _arms_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Te
         return [_forward(draft_model, probe.tokens.expand(probe.compressed, -1), probe.arms_cache, probe.position)]
     stacked = StackedArmsCache([probe.arms_cache for probe in group])
     tokens = torch.cat([probe.tokens.expand(probe.compressed, -1) for probe in group])
-    offsets = torch.arange(group[0].n_new, device=tokens.device)[None]
-    positions = torch.cat([(probe.position + offsets).expand(probe.compressed, -1) for probe in group])
-    logits = draft_model(input_ids=tokens, position_ids=positions, cache=stacked, use_cache=True).logits
+    starts = torch.tensor([probe.position for probe in group for _ in range(probe.compressed)])
+    logits = _forward(draft_model, tokens, stacked, starts)
     stacked.split()
     return list(logits.split([probe.compressed for probe in group]))
 
@@ -334,8 +337,7 @@ def probe_requests(
         groups: dict[int, list[_RequestProbe]] = {}
         for _, probe in active:
             probe.prepare()
-            stackable = StackedArmsCache.stackable(probe.arms_cache)
-            groups.setdefault(probe.n_new if stackable else -id(probe), []).append(probe)
+            groups.setdefault(probe.n_new if probe.stackable else -id(probe), []).append(probe)
         for group in groups.values():
             for probe, arm_logits in zip(group, _arms_forward(draft_model, group), strict=True):
                 probe.finish(arm_logits)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -60,9 +61,13 @@ class BatchPending:
 
     def row_slices(self) -> list[slice]:
         """The batch rows of each note."""
-        spans = self.spans or [1] * len(self.rows)
-        ends = [sum(spans[: index + 1]) for index in range(len(spans))]
-        return [slice(end - span, end) for end, span in zip(ends, spans, strict=True)]
+        return span_slices(self.spans or [1] * len(self.rows))
+
+
+def span_slices(spans: Sequence[int]) -> list[slice]:
+    """Consecutive batch rows: ``spans[i]`` rows for member i."""
+    ends = list(accumulate(spans))
+    return [slice(end - span, end) for end, span in zip(ends, spans, strict=True)]
 
 
 class BatchedLayer(DynamicLayer):
@@ -513,12 +518,9 @@ class StackedArmsLayer(DynamicLayer):
         n_new = key_states.shape[2]
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         notes: list[PendingAttention | None] = []
-        first = 0
-        for member, span in zip(self.members, self.spans, strict=True):
-            rows = slice(first, first + span)
+        for member, rows in zip(self.members, span_slices(self.spans), strict=True):
             parts.append(member.update(key_states[rows], value_states[rows]))
             notes.append(pop_pending(self.layer_idx))
-            first += span
         sizes = [part[0].shape[2] for part in parts]
         width = max(sizes)
         set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
@@ -561,17 +563,17 @@ class StackedArmsCache(DynamicCache):
 
     def split(self) -> None:
         """Hand each member its rows of the concatenated (recurrent) layers after a forward."""
-        ends = [sum(self.spans[: index + 1]) for index in range(len(self.spans))]
+        slices = span_slices(self.spans)
         for index, joined in enumerate(self.layers):
             if isinstance(joined, StackedArmsLayer):
                 continue
             joined_slots = list(_state_slots(joined))
-            for cache, end, span in zip(self.members, ends, self.spans, strict=True):
+            for cache, rows in zip(self.members, slices, strict=True):
                 member = cache.layers[index]
                 for (container, key), (joined_container, joined_key) in zip(
                     _state_slots(member), joined_slots, strict=True
                 ):
-                    container[key] = joined_container[joined_key][end - span : end]
+                    container[key] = joined_container[joined_key][rows]
                 for name, value in vars(joined).items():  # flags a forward may set (has_previous_state, ...)
                     if isinstance(value, dict):
                         own = getattr(member, name)
