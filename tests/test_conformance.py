@@ -153,4 +153,42 @@ def test_cli_write_run_check(tmp_path: Path) -> None:
     result = runner.invoke(app, ["conformance", "check", str(vectors), str(port)])
     assert result.exit_code == 1 and f"round {row['round']} " in " ".join(result.output.split())
     result = runner.invoke(app, ["conformance", "check", str(tmp_path / "missing.jsonl"), str(port)])
-    assert result.exit_code == 2 and "missing.jsonl: file not found" in "".join(result.output.split("\n"))
+    assert result.exit_code == 1 and result.stdout == ""  # docs/cli.md: runtime errors on stderr, exit 1
+    assert result.stderr.startswith("error: ") and "missing.jsonl: file not found" in "".join(result.stderr.split("\n"))
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_json_and_errors(tmp_path: Path) -> None:
+    """--json prints one JSON document on stdout; runtime errors are one line on stderr, exit 1;
+    bad options exit 2 before any work."""
+    runner = CliRunner()
+    out_dir = tmp_path / "vectors"
+    arguments = ["conformance", "write", str(SHIPPED[0]), "--out", str(out_dir), "--random", "0", "--rounds", "8"]
+    result = runner.invoke(app, [*arguments, "--json"])
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.stdout)
+    assert written["files"] == sorted(p.name for p in out_dir.iterdir()) and "manifest.json" in written["files"]
+    vectors = out_dir / f"{SHIPPED[0].stem}.jsonl"
+    port = tmp_path / "port.jsonl"
+    result = runner.invoke(app, ["conformance", "run", str(vectors), "--out", str(port), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rounds"] == len(port.read_text().splitlines()) - 1
+    result = runner.invoke(app, ["conformance", "check", str(vectors), str(port), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["ok"] and report["first_difference"] is None
+    port.write_text("\n".join(port.read_text().splitlines()[:-1]) + "\n")
+    result = runner.invoke(app, ["conformance", "check", str(vectors), str(port), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and not report["ok"] and "first missing" in report["first_difference"]
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "rift-ada.controller", "version": 99}')
+    result = runner.invoke(app, ["conformance", "write", str(bad), "--out", str(tmp_path / "x"), "--random", "0"])
+    assert result.exit_code == 1 and result.stdout == "" and result.stderr.startswith("error: ")
+    assert "bad.json" in result.stderr and "Traceback" not in result.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["conformance", "run", str(vectors), "--out", str(blocker / "out.jsonl")])
+    assert result.exit_code == 1 and "cannot write --out" in result.stderr
+    result = runner.invoke(app, ["conformance", "write", "--cases", "0", "--out", str(tmp_path / "y")])
+    assert result.exit_code == 2 and "--cases" in result.stderr and not (tmp_path / "y").exists()
