@@ -124,3 +124,63 @@ def al_difference_ci(
         confidence=confidence,
         seed=seed,
     )
+
+
+def paired_bootstrap(
+    statistic: Any,
+    n: int,
+    *,
+    n_resamples: int = 4999,
+    confidence: float = 0.95,
+    seed: int = 0,
+    chunk: int = 1000,
+) -> tuple[list[Interval], np.ndarray]:
+    """BCa intervals of a multi-output statistic of ``n`` paired requests, resampling requests.
+
+    ``statistic(index)`` takes an integer array (B, m) of request rows (a resample each, m = n, or
+    m = n - 1 for the jackknife) and returns (B, k): k statistics recomputed from scratch on each
+    resample, so a statistic built from several policies (a whole curve) keeps their pairing.
+    Returns k intervals (percentile where BCa's acceleration is undefined, ``degenerate`` where every
+    resample agrees) and the k bootstrap standard errors. NaN resamples are dropped per statistic.
+    """
+    rng = np.random.default_rng(seed)
+    everyone = np.arange(n)[None, :]
+    estimate = np.asarray(statistic(everyone), dtype=np.float64)[0]
+    k = len(estimate)
+    if n < 2:
+        nan = float("nan")
+        return [Interval(float(e), nan, nan, confidence, "none") for e in estimate], np.full(k, nan)
+    draws = [np.asarray(statistic(rng.integers(0, n, size=(min(chunk, n_resamples - start), n))), dtype=np.float64)
+             for start in range(0, n_resamples, chunk)]  # fmt: skip
+    boot = np.concatenate(draws, axis=0)
+    leave_one_out = np.array([np.delete(np.arange(n), i) for i in range(n)])
+    jack = np.asarray(statistic(leave_one_out), dtype=np.float64)
+    alpha = (1.0 - confidence) / 2.0
+    intervals: list[Interval] = []
+    spread = np.full(k, float("nan"))
+    for j in range(k):
+        theta, values = float(estimate[j]), boot[:, j][np.isfinite(boot[:, j])]
+        if not np.isfinite(theta) or len(values) < 2:
+            intervals.append(Interval(theta, float("nan"), float("nan"), confidence, "none"))
+            continue
+        spread[j] = float(np.std(values, ddof=1))
+        if np.ptp(values) == 0.0:
+            intervals.append(Interval(theta, float(values[0]), float(values[0]), confidence, "degenerate"))
+            continue
+        share = (np.sum(values < theta) + 0.5 * np.sum(values == theta)) / len(values)
+        z0 = float(stats.norm.ppf(np.clip(share, 1.0 / len(values), 1.0 - 1.0 / len(values))))
+        jacked = jack[:, j]
+        method = "BCa"
+        if np.all(np.isfinite(jacked)):
+            deviation = jacked.mean() - jacked
+            denominator = 6.0 * float(np.sum(deviation**2)) ** 1.5
+            acceleration = float(np.sum(deviation**3)) / denominator if denominator > 0 else 0.0
+        else:
+            acceleration, method = 0.0, "BC"
+        bounds = []
+        for tail in (alpha, 1.0 - alpha):
+            z = z0 + float(stats.norm.ppf(tail))
+            bounds.append(float(stats.norm.cdf(z0 + z / (1.0 - acceleration * z))))
+        low, high = np.quantile(values, bounds)
+        intervals.append(Interval(theta, float(low), float(high), confidence, method))
+    return intervals, spread

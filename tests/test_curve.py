@@ -1,0 +1,119 @@
+"""The curve gap (controller vs the periodic AL-refresh curve), its paired bootstrap, the verdict and power."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rift_ada.calibrate.bootstrap import paired_bootstrap
+from rift_ada.calibrate.curve import (
+    PAPER_AL_GAIN,
+    PolicyTotals,
+    coverage,
+    curve_gap_ci,
+    decide,
+    population_gap,
+    power,
+    preregister,
+    synthetic_requests,
+)
+
+INTERVALS = (32, 64, 128, 256)
+
+
+def _prereg(n: int):
+    return preregister(1.0, n, ["stat", *[f"periodic:{d}" for d in INTERVALS]], selection_margin=0.02,
+                       n_resamples=1999, seed=0)  # fmt: skip
+
+
+def _scalar_readings(controller: PolicyTotals, curve: list[PolicyTotals]) -> tuple[float, float]:
+    """From scratch: points, running-max hull, np.interp both ways (an independent reference)."""
+    points = sorted((1000 * p.refreshes.sum() / p.committed.sum(), p.al.mean()) for p in curve)
+    xs = np.array([x for x, _ in points])
+    ys = np.maximum.accumulate(np.array([y for _, y in points]))
+    ctl_x = 1000 * controller.refreshes.sum() / controller.committed.sum()
+    ctl_y = controller.al.mean()
+    gain = ctl_y - np.interp(ctl_x, xs, ys) if xs[0] <= ctl_x <= xs[-1] else float("nan")
+    if ctl_y <= ys[0]:
+        x_at = xs[0]
+    elif ctl_y > ys[-1]:
+        x_at = xs[-1]
+    else:
+        j = int(np.argmax(ys >= ctl_y))  # the first hull point reaching the controller's AL
+        x_at = xs[j - 1] + (ctl_y - ys[j - 1]) / (ys[j] - ys[j - 1]) * (xs[j] - xs[j - 1])
+    reduction = (1 - ctl_x / x_at) if x_at > 0 else (-1.0 if ctl_x > 0 else 0.0)
+    return float(gain), float(np.clip(reduction, -1, 1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_readings_match_a_scalar_reference(seed):
+    rng = np.random.default_rng(seed)
+    controller, curve = synthetic_requests(12, INTERVALS, rng.normal(0, 0.3), rng=rng, sd=0.8)
+    result = curve_gap_ci(controller, curve, n_resamples=50)
+    gain, reduction = _scalar_readings(controller, curve)
+    assert result.al_gain.estimate == pytest.approx(gain, abs=1e-12)
+    assert result.refresh_reduction.estimate == pytest.approx(reduction, abs=1e-12)
+
+
+@pytest.mark.parametrize(("gap", "outcome"), [(0.0, "refuted on this workload"), (0.35, "confirmed"),
+                                              (-0.25, "refuted on this workload")])  # fmt: skip
+def test_a_known_gap_is_recovered_and_the_verdict_names_it(gap, outcome):
+    n = 300
+    controller, curve = synthetic_requests(n, INTERVALS, gap, rng=np.random.default_rng(7))
+    result = curve_gap_ci(controller, curve, n_resamples=1999, seed=1)
+    truth, _ = population_gap(INTERVALS, gap)
+    assert abs(truth - gap) < 0.03  # the synthetic controller sits `gap` above the curve
+    assert result.al_gain.estimate == pytest.approx(truth, abs=3.5 * result.al_gain_se)
+    assert result.al_gain.low <= truth <= result.al_gain.high
+    verdict = decide(result, _prereg(n))
+    assert verdict.outcome == outcome
+    if gap > 0:
+        assert result.refresh_reduction.low > 0  # above the curve: fewer refreshes at matched AL too
+    if gap < 0:
+        assert result.refresh_reduction.high < 0
+
+
+def test_a_small_run_is_underpowered_and_says_how_many_requests_it_needs():
+    n = 6
+    controller, curve = synthetic_requests(n, INTERVALS, 0.05, rng=np.random.default_rng(3))
+    result = curve_gap_ci(controller, curve, n_resamples=1999)
+    verdict = decide(result, _prereg(n))
+    assert verdict.outcome == "underpowered" and not verdict.decided
+    need = verdict.power
+    assert need.requests_for_paper_effect > n and need.requests_to_decide > need.requests_for_paper_effect
+    assert f"{need.requests_for_paper_effect} confirmation requests" in verdict.text
+    assert need.minimum_detectable_gap > PAPER_AL_GAIN
+    # At the printed size the minimum detectable gap is the paper's effect (the same spread assumed).
+    scaled = power(need.sd_per_request / np.sqrt(need.requests_for_paper_effect), need.requests_for_paper_effect,
+                   PAPER_AL_GAIN)  # fmt: skip
+    assert scaled.minimum_detectable_gap <= PAPER_AL_GAIN * 1.01
+
+
+def test_a_controller_denser_than_every_interval_has_no_al_gain_reading():
+    rng = np.random.default_rng(0)
+    controller, curve = synthetic_requests(10, (128, 256), 0.0, rng=rng)
+    dense = PolicyTotals("controller", controller.al, controller.committed / 16, controller.committed)
+    verdict = decide(curve_gap_ci(dense, curve, n_resamples=200), _prereg(10))
+    assert verdict.gap.controller_beyond_densest and verdict.outcome == "underpowered"
+    assert "does not bracket" in verdict.text
+
+
+def test_bca_matches_scipy_on_a_mean_difference():
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(1.0, 1.0, 25), rng.normal(0.6, 1.0, 25)
+
+    def statistic(index):
+        return (a[index].mean(axis=-1) - b[index].mean(axis=-1))[:, None]
+
+    (ours,), _ = paired_bootstrap(statistic, 25, n_resamples=20000, seed=0)
+    theirs = stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), paired=True,
+                             n_resamples=20000, method="BCa", rng=np.random.default_rng(1)).confidence_interval  # fmt: skip
+    assert ours.method == "BCa"
+    assert ours.low == pytest.approx(theirs.low, abs=0.03) and ours.high == pytest.approx(theirs.high, abs=0.03)
+
+
+def test_coverage_on_synthetic_data_is_near_nominal():
+    """A cheap version of the coverage check recorded in docs/calibration.md (400 runs per size there)."""
+    result = coverage(16, 0.15, reps=60, n_resamples=499, seed=3)
+    assert result["al_gain"] >= 0.85
