@@ -335,9 +335,14 @@ def decide(gap: CurveGap, preregistration: Preregistration) -> CurveVerdict:
 
 
 def synthetic_requests(
-    n: int, intervals: Sequence[int], gap: float, *, rng: np.random.Generator, output_tokens: int = 512,
+    n: int,
+    intervals: Sequence[int],
+    gap: float,
+    *,
+    rng: np.random.Generator,
+    output_tokens: int = 512,
     sd: float = 0.3,
-) -> tuple[PolicyTotals, list[PolicyTotals]]:  # fmt: skip
+) -> tuple[PolicyTotals, list[PolicyTotals]]:
     """Synthetic per-request results whose controller sits ``gap`` AL above a known concave curve.
 
     A request has its own base AL (shared by its policies, as in a paired run); periodic Δ refreshes
@@ -353,8 +358,12 @@ def synthetic_requests(
     for interval in intervals:
         refreshes = np.full(n, float(output_tokens // interval))
         curve.append(
-            PolicyTotals(f"periodic:{interval}", base + lift(1000 * refreshes / committed) + rng.normal(0, sd / 2, n),
-                         refreshes, committed)  # fmt: skip
+            PolicyTotals(
+                f"periodic:{interval}",
+                base + lift(1000 * refreshes / committed) + rng.normal(0, sd / 2, n),
+                refreshes,
+                committed,
+            )
         )
     middle = sorted(intervals)[len(intervals) // 2]
     refreshes = rng.poisson(output_tokens / middle * 0.7, n).astype(float)
@@ -371,9 +380,14 @@ def population_gap(intervals: Sequence[int], gap: float, *, seed: int = 12345, n
 
 
 def coverage(
-    n: int, gap: float, *, intervals: Sequence[int] = (32, 64, 128, 256), reps: int = 200, n_resamples: int = 999,
+    n: int,
+    gap: float,
+    *,
+    intervals: Sequence[int] = (32, 64, 128, 256),
+    reps: int = 200,
+    n_resamples: int = 999,
     seed: int = 0,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """Share of ``reps`` synthetic runs of ``n`` requests whose 95% CIs cover the true readings."""
     truth = population_gap(intervals, gap)
     rng = np.random.default_rng(seed)
@@ -383,5 +397,12 @@ def coverage(
         result = curve_gap_ci(controller, curve, n_resamples=n_resamples, seed=seed + rep)
         for k, interval in enumerate((result.al_gain, result.refresh_reduction)):
             hits[k] += interval.low <= truth[k] <= interval.high
-    return {"n": n, "gap": gap, "reps": reps, "al_gain": hits[0] / reps, "refresh_reduction": hits[1] / reps,
-            "true_al_gain": truth[0], "true_refresh_reduction": truth[1]}  # fmt: skip
+    return {
+        "n": n,
+        "gap": gap,
+        "reps": reps,
+        "al_gain": hits[0] / reps,
+        "refresh_reduction": hits[1] / reps,
+        "true_al_gain": truth[0],
+        "true_refresh_reduction": truth[1],
+    }

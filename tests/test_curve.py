@@ -23,8 +23,9 @@ INTERVALS = (32, 64, 128, 256)
 
 
 def _prereg(n: int):
-    return preregister(1.0, n, ["stat", *[f"periodic:{d}" for d in INTERVALS]], selection_margin=0.02,
-                       n_resamples=1999, seed=0)  # fmt: skip
+    return preregister(
+        1.0, n, ["stat", *[f"periodic:{d}" for d in INTERVALS]], selection_margin=0.02, n_resamples=1999, seed=0
+    )
 
 
 def _scalar_readings(controller: PolicyTotals, curve: list[PolicyTotals]) -> tuple[float, float]:
@@ -56,8 +57,9 @@ def test_readings_match_a_scalar_reference(seed):
     assert result.refresh_reduction.estimate == pytest.approx(reduction, abs=1e-12)
 
 
-@pytest.mark.parametrize(("gap", "outcome"), [(0.0, "refuted on this workload"), (0.35, "confirmed"),
-                                              (-0.25, "refuted on this workload")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("gap", "outcome"), [(0.0, "refuted on this workload"), (0.35, "confirmed"), (-0.25, "refuted on this workload")]
+)
 def test_a_known_gap_is_recovered_and_the_verdict_names_it(gap, outcome):
     n = 300
     controller, curve = synthetic_requests(n, INTERVALS, gap, rng=np.random.default_rng(7))
@@ -85,8 +87,9 @@ def test_a_small_run_is_underpowered_and_says_how_many_requests_it_needs():
     assert f"{need.requests_for_paper_effect} confirmation requests" in verdict.text
     assert need.minimum_detectable_gap > PAPER_AL_GAIN
     # At the printed size the minimum detectable gap is the paper's effect (the same spread assumed).
-    scaled = power(need.sd_per_request / np.sqrt(need.requests_for_paper_effect), need.requests_for_paper_effect,
-                   PAPER_AL_GAIN)  # fmt: skip
+    scaled = power(
+        need.sd_per_request / np.sqrt(need.requests_for_paper_effect), need.requests_for_paper_effect, PAPER_AL_GAIN
+    )
     assert scaled.minimum_detectable_gap <= PAPER_AL_GAIN * 1.01
 
 
@@ -107,8 +110,14 @@ def test_bca_matches_scipy_on_a_mean_difference():
         return (a[index].mean(axis=-1) - b[index].mean(axis=-1))[:, None]
 
     (ours,), _ = paired_bootstrap(statistic, 25, n_resamples=20000, seed=0)
-    theirs = stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), paired=True,
-                             n_resamples=20000, method="BCa", rng=np.random.default_rng(1)).confidence_interval  # fmt: skip
+    theirs = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: x.mean(axis) - y.mean(axis),
+        paired=True,
+        n_resamples=20000,
+        method="BCa",
+        rng=np.random.default_rng(1),
+    ).confidence_interval
     assert ours.method == "BCa"
     assert ours.low == pytest.approx(theirs.low, abs=0.03) and ours.high == pytest.approx(theirs.high, abs=0.03)
 
