@@ -5,7 +5,7 @@
 A free-running loop commits its own text, so the fidelity run's T > 0 row compares replay on
 one target text with one loop path on another text: the text-to-text spread (about 9 % per path at
 6 x 512) swamps replay's error. Given the committed text, the free-running loop accepts each
-drafted position independently with probability min(1, q(x) / p(x)) (docs/calibration.md,
+drafted position independently with probability min(1, q(x) / p(x)) (docs/notes/2026-11-29-replay-fidelity.md,
 "Acceptance given the text"), and the teacher-forced loop at T > 0 accepts with exactly that
 probability (tests/test_speculative.py, both loops). On a text sampled from the target the
 teacher-forced loop is therefore distributed as the free-running one, and it runs every policy on
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     traces = read_probe_traces(args.run / "probe")
     arm_ages = [int(x) for x in args.arm_ages.split(",") if x]
-    if arm_ages:  # the same loops, replay reading fewer arms (docs/calibration.md, "Which arm grid")
+    if arm_ages:  # the same loops, replay reading fewer arms ("Which arm grid", docs/notes/)
         traces = traces.with_age_grid(arm_ages)
     gate = json.loads(gate_path.read_text())
     replays = replay_many(traces, ["stat", *specs[1:-1], gate], replicas=args.replicas, seed=case.seed)

@@ -19,7 +19,7 @@ ARM_STAT = "stat"
 ARM_FULL = "full"
 # The design's recommended grid (0, 32, ..., 768) plus 8 and 16: a draft's AL falls fastest in the first
 # strides after a refresh, so interpolating between the 0 and 32 arms read young working sets several
-# percent too high (docs/calibration.md, "Which arm grid").
+# percent too high (docs/notes/2026-11-29-replay-fidelity.md, "Which arm grid").
 DEFAULT_ARM_AGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256, 512, 768)
 REQUEST_COLUMNS: tuple[str, ...] = ("request_id", "dataset", "category", "tier", "isl", "osl")
 STRIDE_SIGNALS: tuple[str, ...] = ("query_drift", "retained_mass")
@@ -49,7 +49,7 @@ class ProbeTraces:
     ``token_acceptance[r, a, p]`` (T > 0; None in traces that lack it): the probability that the
     draft position is accepted *given the text's token* x there, min(1, q_draft(x) / p_target(x)).
     In the free-running loop, given its committed text, each drafted position is accepted with
-    exactly this probability, independently (docs/calibration.md, "Acceptance given the text"), so
+    exactly this probability, independently (docs/notes/2026-11-29-replay-fidelity.md, "Acceptance given the text"), so
     replay samples it rather than ``outcome``, whose mean over x ~ p it is. See :attr:`acceptance`.
     ``entropy[r, a, p]``: draft entropy (nats) at that position.
     ``stride_signals[name][r, a, s]``: per-stride signals measured under the arm (``query_drift``
