@@ -75,6 +75,9 @@ class BenchSize:
     # T > 0 closed loop: real rejection sampling (each policy its own text) instead of teacher forcing
     # every policy on the target responses (the same law given the text; docs/calibration.md, 5b)
     free_running: bool = False
+    # Targets end at EOS or at output_tokens (False), or are forced to output_tokens with EOS suppressed (True:
+    # the workload before 2026-12-01, whose greedy SmolLM2 responses loop past their natural end)
+    forced_length: bool = False
 
     def check(self) -> None:
         """Refuse an inconsistent size before any model loads (errors name the field)."""
@@ -212,6 +215,7 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
     if not isinstance(stored, dict) or not isinstance(stored.get("size"), dict):
         return False
     size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS}
+    size.setdefault("forced_length", True)  # cells written before the field existed forced their targets
     return {**stored, "size": size} == fingerprint
 
 
@@ -390,8 +394,12 @@ def run_cell(
     seed: int,
     dataset: str,
     stages: _Stages,
+    targets_manifest: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One (temperature, budget) cell: probe, calibrate, closed loop, fidelity, oracle; returns its summary."""
+    """One (temperature, budget) cell: probe, calibrate, closed loop, fidelity, oracle; returns its summary.
+
+    ``targets_manifest``: the targets' provenance (`targets_provenance`: how responses end, ...) for the
+    probe manifest."""
     from rift_ada.collectors.collect import CollectSettings, closed_results
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
@@ -423,6 +431,7 @@ def run_cell(
         mode="probe",
         on_request=stages.counter(f"{tag} probe", len(requests)),
         batch_size=size.batch_size,
+        extra_manifest=None if targets_manifest is None else {"targets": targets_manifest},
     )
     stages.timed(f"{tag} probe", time.monotonic() - started)
     traces = read_probe_traces(folder / "probe")
@@ -589,6 +598,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``."""
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
+    from rift_ada.collectors.targets_io import targets_provenance
 
     settings_size = bench_size(size) if isinstance(size, str) else size
     settings_size.check()
@@ -612,16 +622,17 @@ def run_bench(
             temperature=temperature,
             seed=seed,
             max_new_tokens=settings_size.output_tokens,
-            min_new_tokens=settings_size.output_tokens,
+            min_new_tokens=settings_size.output_tokens if settings_size.forced_length else 0,
             extend=True,
             on_request=stages.counter(f"T{temperature:g} targets", len(requests)),
             batch_size=settings_size.batch_size,
         )
         stages.timed(f"T{temperature:g} targets", time.monotonic() - began)
+        provenance = targets_provenance(folder / "targets.parquet")
         for budget in settings_size.budgets:
             cell = run_cell(
                 pair, requests, targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
-                budget=budget, seed=seed, dataset=dataset, stages=stages,
+                budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
             )  # fmt: skip
             cells[cell["tag"]] = cell
             controllers[cell["tag"]] = cell["controller_path"]

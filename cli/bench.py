@@ -55,6 +55,13 @@ def bench(
             "every policy on the target responses (same law, paired texts)."
         ),
     ] = False,
+    forced_length: Annotated[
+        bool,
+        typer.Option(
+            help="Force every target response to --output-tokens with EOS suppressed (the workload before "
+            "2026-12-01) instead of ending it at EOS or the cap."
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
     device: Annotated[str, typer.Option(help="torch device (cuda on a GPU machine).")] = "cpu",
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
@@ -84,6 +91,7 @@ def bench(
             table_requests=table_requests,
             batch_size=batch_size,
             free_running=free_running,
+            forced_length=forced_length or None,
         )
     except ValueError as error:  # a bad size: a usage error, before any model loads
         fail(error, code=2)
@@ -103,6 +111,7 @@ def bench(
         "rift-ada bench "
         + " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in given.items() if value is not None)
         + (" --free-running" if free_running else "")
+        + (" --forced-length" if forced_length else "")
     )
     try:
         with _progress() as progress:

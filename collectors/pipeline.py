@@ -100,8 +100,8 @@ def ensure_targets(
     """Target responses for ``requests`` (in request order): read from ``path``, or generated there when absent.
 
     An existing file is an input and is never overwritten: one whose model, temperature, seed
-    (T > 0) or token cap differs from the run is refused with every difference listed; one that
-    lacks responses for some requests is refused unless ``extend``, which generates only the
+    (T > 0) or token limits (cap, EOS suppression) differ from the run is refused with every
+    difference listed; one that lacks responses for some requests is refused unless ``extend``, which generates only the
     missing ones and appends them (existing rows unchanged). A sharded run (N > 1) needs a
     complete file made beforehand (``rift-ada targets --shard``), so shards never race on it.
     """
@@ -127,6 +127,7 @@ def ensure_targets(
             seed=seed,
             max_new_tokens=max_new_tokens,
             request_ids=wanted,
+            min_new_tokens=min_new_tokens,
         )
         if missing and not extend:
             more = " ..." if len(missing) > 5 else ""

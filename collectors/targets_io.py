@@ -47,8 +47,20 @@ _TOKEN_FIELDS = ("response_token_ids", "output_token_ids", "tokens")
 _ID_FIELDS = ("request_id", "id", "question_id")
 
 
+RESPONSE_ENDS: tuple[str, ...] = ("eos_or_cap", "eos_after_min", "forced_length")
+
+
 class TargetsError(ValueError):
     """A targets file that cannot be written, read or imported; the message names file and field."""
+
+
+def response_end(min_new_tokens: int, max_new_tokens: int) -> str:
+    """How generated responses end: ``eos_or_cap`` (at EOS or the cap), ``forced_length`` (EOS suppressed
+    up to the cap: every response has the cap's length unless a request's own limit is lower) or
+    ``eos_after_min`` (EOS suppressed for the first ``min_new_tokens``)."""
+    if min_new_tokens <= 0:
+        return "eos_or_cap"
+    return "forced_length" if min_new_tokens >= max_new_tokens else "eos_after_min"
 
 
 def target_row(
@@ -172,9 +184,13 @@ def targets_sha256(path: str | Path) -> str:
 
 
 def _settings_of(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """target_model / temperature / seed / max_new_tokens of a targets file: its metadata, else its rows."""
+    """target_model / temperature / seed / max_new_tokens / min_new_tokens / response_end of a targets file:
+    its metadata, else its rows (``response_end`` derived from the token limits in files older than it)."""
     meta = read_targets_meta(path)
-    settings = {name: meta.get(name) for name in ("target_model", "temperature", "seed", "max_new_tokens")}
+    names = ("target_model", "temperature", "seed", "max_new_tokens", "min_new_tokens", "response_end")
+    settings = {name: meta.get(name) for name in names}
+    if settings["response_end"] is None and None not in (settings["min_new_tokens"], settings["max_new_tokens"]):
+        settings["response_end"] = response_end(int(settings["min_new_tokens"]), int(settings["max_new_tokens"]))
     for name in ("target_model", "temperature"):
         values = {row[name] for row in rows if row.get(name) is not None}
         if settings[name] is None and len(values) == 1:
@@ -183,7 +199,8 @@ def _settings_of(path: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any
 
 
 def targets_provenance(path: str | Path) -> dict[str, Any]:
-    """What a trace manifest records about its targets: path, sha256, model, temperature, seed, cap, count."""
+    """What a trace manifest records about its targets: path, sha256, model, temperature, seed, token limits,
+    how responses end (``response_end``), count."""
     path = Path(path)
     rows = read_targets(path)
     return {"path": str(path), "sha256": targets_sha256(path), "n_responses": len(rows), **_settings_of(path, rows)}
@@ -197,12 +214,14 @@ def targets_differences(
     seed: int,
     max_new_tokens: int,
     request_ids: Iterable[str],
+    min_new_tokens: int | None = None,
 ) -> tuple[list[str], list[str]]:
     """(settings that differ from the run, request ids the file lacks) for an existing targets file.
 
     Compared: ``target_model`` (``external`` imports match any model), ``temperature``, ``seed``
-    (only when T > 0: greedy responses do not depend on it) and ``max_new_tokens`` (when the file
-    records it). Extra responses in the file are fine: a run uses the ones it needs.
+    (only when T > 0: greedy responses do not depend on it), ``max_new_tokens`` and, when given,
+    ``min_new_tokens`` (each when the file records it: responses that end at EOS are not responses
+    forced to the cap). Extra responses in the file are fine: a run uses the ones it needs.
     """
     path = Path(path)
     rows = read_targets(path)
@@ -216,6 +235,11 @@ def targets_differences(
         differences.append(f"seed: file {have['seed']} != run {seed}")
     if have["max_new_tokens"] is not None and int(have["max_new_tokens"]) != int(max_new_tokens):
         differences.append(f"max_new_tokens: file {have['max_new_tokens']} != run {max_new_tokens}")
+    if None not in (min_new_tokens, have["min_new_tokens"]) and int(have["min_new_tokens"]) != int(min_new_tokens):
+        differences.append(
+            f"min_new_tokens: file {have['min_new_tokens']} ({have['response_end']}) != run {min_new_tokens} "
+            f"({response_end(int(min_new_tokens), int(max_new_tokens))})"
+        )
     present = {row["request_id"] for row in rows}
     missing = [request_id for request_id in request_ids if request_id not in present]
     return differences, missing
@@ -300,12 +324,14 @@ def import_targets(
 
 
 __all__ = [
+    "RESPONSE_ENDS",
     "TARGET_COLUMNS",
     "TARGET_SCHEMA",
     "TargetsError",
     "import_targets",
     "read_targets",
     "read_targets_meta",
+    "response_end",
     "target_row",
     "targets_differences",
     "targets_provenance",

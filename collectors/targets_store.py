@@ -22,7 +22,7 @@ from typing import Any
 from rift_ada.atomic import atomic_write_text
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.lease import LeaseHeldError, ShardLease
-from rift_ada.collectors.targets_io import TargetsError, read_targets, write_targets
+from rift_ada.collectors.targets_io import TargetsError, read_targets, response_end, write_targets
 from rift_ada.collectors.trace_io import parse_shard, shard_requests
 
 SETTINGS_NAME = "settings.json"
@@ -60,6 +60,7 @@ def generation_meta(
         "seed": int(seed),
         "max_new_tokens": int(max_new_tokens),
         "min_new_tokens": int(min_new_tokens),
+        "response_end": response_end(int(min_new_tokens), int(max_new_tokens)),
     }
     if repetition_penalty != 1.0:
         meta["repetition_penalty"] = float(repetition_penalty)
