@@ -435,6 +435,7 @@ def run_cell(
     )
     stages.timed(f"{tag} probe", time.monotonic() - started)
     traces = read_probe_traces(folder / "probe")
+    precheck = cell_precheck(traces, size, seed)  # before calibrating: is there staleness to refresh for?
     model_name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(pair.preset.name).name)  # a path model: its folder name
     name = f"{model_name}-T{temperature:g}-B{budget}"
     calibration, controller, controller_path = _calibrated(
@@ -517,6 +518,7 @@ def run_cell(
         ],
         "replay_held_out": held_out_replay,
         "closed_by_position": by_position,
+        "precheck": precheck,
         "staleness": _staleness(by_position, held_out_replay),
         "oracle": _oracle(traces, confirmation_ids, size, held_out_replay, controller_name),
         "signals": _signal_summary(calibration, controller),
@@ -525,6 +527,16 @@ def run_cell(
     cell = json_safe(cell)
     atomic_write_json(cell_file, cell)
     return cell
+
+
+def cell_precheck(traces: Any, size: BenchSize, seed: int) -> dict[str, Any]:
+    """The workload pre-check of a cell's probe traces (:mod:`rift_ada.calibrate.precheck`): RIFT-stat,
+    periodic refresh at the Table 1 intervals and full KV by output position, and the retained mass."""
+    from rift_ada.calibrate.precheck import PreCheck
+
+    intervals = tuple(sorted({*size.table_intervals, size.reference_interval}))
+    position_bin = max(8, size.output_tokens // 8 // 8 * 8)  # about 8 bins over the output
+    return PreCheck(intervals=intervals, position_bin=position_bin, seed=seed).run(traces)
 
 
 def closed_by_position(closed_dirs: Sequence[Path], bin_size: int = 32) -> dict[str, Any]:

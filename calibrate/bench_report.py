@@ -108,6 +108,84 @@ def _comparison_rows(cell: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _precheck_label(spec: str) -> str:
+    return {"stat": "RIFT-stat", "full": "Full KV"}.get(spec, spec.replace("periodic:", "periodic Δ = "))
+
+
+def precheck_overview(summary: dict[str, Any]) -> list[str]:
+    """Every cell's pre-check in one table (cells read back from runs older than the pre-check are skipped)."""
+    cells = [cell for cell in summary["cells"].values() if cell.get("precheck")]
+    if not cells:
+        return []
+    lines = [
+        "## Pre-check: is there staleness to refresh for?",
+        "",
+        "From each cell's probe traces, before calibrating (replay, every probed request): the AL headroom is the "
+        "densest periodic refresh's AL minus RIFT-stat's (paired, 95% bootstrap CI over requests), the most a "
+        "refresh schedule that dense adds over never refreshing. Retained mass: the share of full-KV attention "
+        "that RIFT-stat's working set holds, in the first and last output bin (paper Fig. 2).",
+        "",
+        "| T | B | requests | OSL (mean, range) | RIFT-stat AL | densest periodic AL | headroom, 95% CI | "
+        "full-KV AL | RIFT-stat retained mass, first → last bin |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        check = cell["precheck"]
+        policies, headroom, osl = check["policies"], check.get("headroom"), check["osl"]
+        densest = check.get("densest")
+        mass = [v for v in check["retained_mass"].get("stat", []) if v is not None]
+        lines.append(
+            f"| {cell['temperature']:g} | {cell['budget']} | {check['n_requests']} | {osl['mean']:.0f} "
+            f"({osl['min']}–{osl['max']}) | {_fmt(policies['stat']['mean_al'])} | "
+            + (f"{_fmt(policies[densest]['mean_al'])} ({densest})" if densest else "–")
+            + f" | {_interval(headroom)} | {_fmt(policies['full']['mean_al'])} | "
+            + (f"{_pct(mass[0])} → {_pct(mass[-1])}" if mass else "–")
+            + " |"
+        )
+    best = max(cells, key=lambda cell: (cell["precheck"].get("headroom") or {}).get("estimate", float("-inf")))
+    if best["precheck"].get("headroom"):
+        lines += ["", f"Most headroom: {best['tag']}. " + _precheck_verdict(best["precheck"])]
+    return lines + [""]
+
+
+def _precheck_verdict(check: dict[str, Any]) -> str:
+    from rift_ada.calibrate.precheck import precheck_verdict
+
+    return precheck_verdict(check)
+
+
+def precheck_section(cell: dict[str, Any]) -> list[str]:
+    """A cell's pre-check: AL by output position per policy, requests per bin, retained mass (probe traces)."""
+    check = cell.get("precheck")
+    if not check:
+        return []
+    by_position = check["by_position"]
+    edges = by_position["edges"]
+    n_bins = len(edges) - 1
+    shown = [i for i in range(n_bins) if any(by_position["n_requests"][spec][i] for spec in by_position["al"])]
+    header = " | ".join(f"{edges[i]}–{edges[i + 1]}" for i in shown)
+    lines = [
+        f"### Pre-check (probe traces, replay, {check['n_requests']} requests, before calibrating)",
+        "",
+        _precheck_verdict(check),
+        "",
+        f"| policy | AL | refreshes / 1K | {header} |",
+        "|---" * (len(shown) + 3) + "|",
+    ]
+    for spec, values in by_position["al"].items():
+        row = check["policies"][spec]
+        bins = " | ".join(_fmt(values[i], 2) for i in shown)
+        lines.append(
+            f"| {_precheck_label(spec)} | {_fmt(row['mean_al'])} | {_fmt(row['refreshes_per_1k'], 1)} | {bins} |"
+        )
+    counts = by_position["n_requests"]["stat"]
+    lines.append("| requests reaching the bin | | | " + " | ".join(str(counts[i]) for i in shown) + " |")
+    for label, values in check["retained_mass"].items():
+        name = "RIFT-stat" if label == "stat" else "refreshed every stride (age 0)"
+        lines.append(f"| retained mass, {name} | | | " + " | ".join(_pct(values[i]) for i in shown) + " |")
+    return lines + [""]
+
+
 def headline(summary: dict[str, Any]) -> list[str]:
     """The answer first: per cell, the closed-loop verdict and the oracle share; then the two goals."""
     lines = [
@@ -248,6 +326,7 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
         f"{summary['seed']}; {summary['dtype']} on {summary['device']}. {closed_loop_mode(summary)} Every number "
         "below comes from `bench.json`.",
         "",
+        *precheck_overview(summary),
         "## The answer",
         "",
         *headline(summary),
@@ -261,6 +340,7 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
             "",
             f"Splits (calibration / selection / confirmation): {cell['split_sizes']}. Reference: {cell['reference']}.",
             "",
+            *precheck_section(cell),
             f"### Table 1 (closed loop, {n_table} confirmation requests)",
             "",
             "| method | AL | % of full | refreshes / 1K |",

@@ -12,6 +12,7 @@ from tiny_models import tiny_model
 
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets
+from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.targets import generate_response
 from rift_ada.collectors.targets_io import TargetsError, read_targets_meta, response_end, targets_provenance
 
@@ -171,3 +172,83 @@ def test_repeated_ngram_share_matches_a_hand_count():
     for field, bad in (("n", {"n": 0}), ("threshold", {"threshold": 0.0}), ("rule", {"rule": "drop"})):
         with pytest.raises(ValueError, match=f"loops.{field}"):
             LoopDetector(**bad)
+
+
+def _staleness_traces() -> ProbeTraces:
+    """Two requests (OSL 96, 64), T = 0, K = 11: fresh arms and full KV match everywhere, the prefill
+    selection (stat) only in the first 32 positions; retained mass 0.5 (stat) and 0.9 (age:0)."""
+    arms = ("age:0", "age:8", "age:16", "stat", "full")
+    n_pos, osl = 96, np.array([96, 64])
+    outcome = np.ones((2, len(arms), n_pos), dtype=np.float32)
+    outcome[:, arms.index("stat"), 32:] = 0.0
+    past_end = np.arange(n_pos)[None, :] >= osl[:, None]
+    outcome[np.broadcast_to(past_end[:, None, :], outcome.shape)] = np.nan
+    mass = np.full((2, len(arms), n_pos // 8), 1.0, dtype=np.float32)
+    mass[:, arms.index("stat")] = 0.5
+    mass[:, arms.index("age:0")] = 0.9
+    mass[1, :, 8:] = np.nan  # request 1 ends at 64: strides 8-11 were never probed
+    requests = {
+        "request_id": np.array(["long", "short"]),
+        "dataset": np.array(["t", "t"]),
+        "category": np.array(["c", "c"]),
+        "tier": np.array(["low", "low"]),
+        "isl": np.array([100, 100]),
+        "osl": osl,
+    }
+    return ProbeTraces(requests, arms, outcome, np.full_like(outcome, 0.5), {"retained_mass": mass}, 0.0, 11, 8)
+
+
+def test_precheck_headroom_by_position_and_retained_mass_match_a_hand_count():
+    from rift_ada.calibrate.precheck import PreCheck, precheck_verdict
+
+    check = PreCheck(intervals=(16, 64), position_bin=32, resamples=500)
+    result = check.run(_staleness_traces())
+    # periodic:64 would need ages past the oldest arm (16): left out, so periodic:16 is the densest.
+    assert result["settings"]["intervals"] == [16] and result["densest"] == "periodic:16"
+    # stat, OSL 96: rounds at 0, 12, 24 (AL 12, 12, 9), then 63 rounds of AL 1 -> 66 rounds; OSL 64: 3 + 31.
+    stat = [96 / 66, 64 / 34]
+    # periodic:16 reads fresh arms only: AL 12 rounds, the last cut at the OSL -> 8 and 6 rounds.
+    periodic = [96 / 8, 64 / 6]
+    assert result["policies"]["stat"]["mean_al"] == pytest.approx(np.mean(stat))
+    assert result["policies"]["periodic:16"]["mean_al"] == pytest.approx(np.mean(periodic))
+    headroom = result["headroom"]
+    assert headroom["per_request"] == pytest.approx([p - s for p, s in zip(periodic, stat, strict=True)])
+    assert headroom["estimate"] == pytest.approx(np.mean(headroom["per_request"]))
+    assert headroom["low"] <= headroom["estimate"] <= headroom["high"] and headroom["n"] == 2
+    assert precheck_verdict(result).startswith("Staleness exists")
+    by_position = result["by_position"]
+    assert by_position["edges"][:4] == [0, 32, 64, 96]
+    # Bins of 32: stat's rounds starting in [0, 32) commit 12 + 12 + 9 tokens in 3 rounds; later bins AL 1.
+    assert by_position["al"]["stat"][:3] == pytest.approx([11.0, 1.0, 1.0])
+    assert by_position["n_requests"]["stat"][:3] == [2, 2, 1]  # only the long request reaches [64, 96)
+    # periodic:16, bin [32, 64): the long request's rounds at 36, 48, 60 commit 12 each; the short one's
+    # last round at 60 is cut at 64 (4 tokens): (12 + 28 / 3) / 2.
+    assert by_position["al"]["periodic:16"][:3] == pytest.approx([12.0, (12 + 28 / 3) / 2, 12.0])
+    assert result["retained_mass"]["stat"][:3] == pytest.approx([0.5, 0.5, 0.5])
+    assert result["retained_mass"]["age:0"][:3] == pytest.approx([0.9, 0.9, 0.9])
+    assert result["osl"] == {"min": 64, "mean": 80.0, "max": 96}
+
+    flat = _staleness_traces()
+    flat.outcome[:, flat.arm_index("stat")] = flat.outcome[:, flat.arm_index("age:0")]  # stat never goes stale
+    unchanged = check.run(flat)
+    assert unchanged["headroom"]["estimate"] == 0.0 and precheck_verdict(unchanged).startswith("No staleness")
+
+
+def test_precheck_report_section_shows_the_numbers_before_calibration_results():
+    from rift_ada.calibrate.bench_report import precheck_overview, precheck_section
+    from rift_ada.calibrate.export import json_safe
+    from rift_ada.calibrate.precheck import PreCheck
+
+    check = json_safe(PreCheck(intervals=(16,), position_bin=32, resamples=200).run(_staleness_traces()))
+    cell = {"tag": "T0 B128", "temperature": 0.0, "budget": 128, "precheck": check}
+    section = "\n".join(precheck_section(cell))
+    assert "Staleness exists: refreshing at periodic:16" in section
+    assert f"| RIFT-stat | {check['policies']['stat']['mean_al']:.3f} |" in section
+    assert "| 0–32 | 32–64 | 64–96 |" in section and "| requests reaching the bin | | | 2 | 2 | 1 |" in section
+    assert "| retained mass, RIFT-stat | | | 50.0% | 50.0% | 50.0% |" in section
+    overview = "\n".join(precheck_overview({"cells": {"T0 B128": cell, "old": {"tag": "old"}}}))
+    headroom = check["headroom"]
+    assert f"{headroom['estimate']:+.3f} [{headroom['low']:+.3f}, {headroom['high']:+.3f}]" in overview
+    assert "| 0 | 128 | 2 | 80 (64–96) |" in overview and "50.0% → 50.0%" in overview
+    assert "Most headroom: T0 B128." in overview
+    assert precheck_overview({"cells": {"old": {"tag": "old"}}}) == []  # cells from before the pre-check
