@@ -78,6 +78,11 @@ class BenchSize:
     # Targets end at EOS or at output_tokens (False), or are forced to output_tokens with EOS suppressed (True:
     # the workload before 2026-12-01, whose greedy SmolLM2 responses loop past their natural end)
     forced_length: bool = False
+    # Looping targets (collectors/loops.py): share of repeated loop_ngram-grams >= loop_threshold; "exclude" leaves
+    # them out of every cell of their temperature, "keep" runs them (both report them in bench.json)
+    loop_ngram: int = 4
+    loop_threshold: float = 0.5
+    loop_rule: str = "exclude"
 
     def check(self) -> None:
         """Refuse an inconsistent size before any model loads (errors name the field)."""
@@ -110,8 +115,17 @@ class BenchSize:
             problems.append(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.min_isl > self.max_isl:
             problems.append(f"min_isl ({self.min_isl}) > max_isl ({self.max_isl})")
+        try:
+            self.loop_detector()
+        except ValueError as error:
+            problems.append(str(error))
         if problems:
             raise CalibrationError("bench size: " + "; ".join(problems))
+
+    def loop_detector(self) -> Any:
+        from rift_ada.collectors.loops import LoopDetector
+
+        return LoopDetector(n=self.loop_ngram, threshold=self.loop_threshold, rule=self.loop_rule)  # type: ignore[arg-type]
 
 
 BENCH_SIZES: dict[str, BenchSize] = {
@@ -129,6 +143,7 @@ BENCH_SIZES: dict[str, BenchSize] = {
         max_isl=1100,
         table_requests=1,
         batch_size=16,
+        loop_rule="keep",  # a random-weight model's responses loop; the tiny size runs them anyway
     ),
     # `make demo`: 10-20 min on 2 CPU cores (docs/performance.md, "Demo and benchmark"). The Table 1 methods beyond the
     # confirmation's three took 11 min on 2 requests, so the demo runs none (table_requests=0).
@@ -215,7 +230,9 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
     if not isinstance(stored, dict) or not isinstance(stored.get("size"), dict):
         return False
     size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS}
-    size.setdefault("forced_length", True)  # cells written before the field existed forced their targets
+    size.setdefault("forced_length", True)  # cells written before these fields forced their targets and kept loops
+    for name, value in (("loop_ngram", 4), ("loop_threshold", 0.5), ("loop_rule", "keep")):
+        size.setdefault(name, value)
     return {**stored, "size": size} == fingerprint
 
 
@@ -380,6 +397,23 @@ def _calibrated(
     )
     stages.timed(f"{tag} calibrate", time.monotonic() - started)
     return result.calibration, result.controller, result.controller_path
+
+
+def target_workload(
+    targets: Sequence[dict[str, Any]], size: BenchSize, tokenizer: Any, provenance: dict[str, Any]
+) -> dict[str, Any]:
+    """How a temperature's targets end (EOS or cap), their lengths, and the loop detector's report and rule."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    lengths = [len(row["response_token_ids"]) for row in targets]
+    report = size.loop_detector().report_rows(targets)
+    return {
+        "response_end": provenance.get("response_end"),
+        "max_new_tokens": provenance.get("max_new_tokens"),
+        "n_responses": len(targets),
+        "ended_at_eos": sum(1 for row in targets if eos is not None and row["response_token_ids"][-1:] == [eos]),
+        "osl": {"min": min(lengths), "mean": float(np.mean(lengths)), "max": max(lengths)} if lengths else None,
+        "loops": report.to_dict(),
+    }
 
 
 def run_cell(
@@ -624,6 +658,7 @@ def run_bench(
     requests = select_requests(load_requests(dataset, pair.tokenizer), settings_size)
     cells: dict[str, Any] = {}
     controllers: dict[str, str] = {}
+    workload: dict[str, Any] = {}  # per temperature: how the targets end, their lengths, loops
     for temperature in settings_size.temperatures:
         folder = out / f"T{temperature:g}"
         began = time.monotonic()
@@ -641,9 +676,18 @@ def run_bench(
         )
         stages.timed(f"T{temperature:g} targets", time.monotonic() - began)
         provenance = targets_provenance(folder / "targets.parquet")
+        workload[f"T{temperature:g}"] = target_workload(targets, settings_size, pair.tokenizer, provenance)
+        kept = set(workload[f"T{temperature:g}"]["loops"]["kept"])
+        if len(kept) < 6:
+            raise CalibrationError(
+                f"loop_rule: only {len(kept)} of {len(requests)} target responses at T = {temperature:g} are not "
+                f"looping ({settings_size.loop_detector().settings()}); a cell needs >= 6: add requests or keep loops"
+            )
+        cell_requests = [request for request in requests if request.request_id in kept]
+        cell_targets = [row for row in targets if row["request_id"] in kept]
         for budget in settings_size.budgets:
             cell = run_cell(
-                pair, requests, targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
+                pair, cell_requests, cell_targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
                 budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
             )  # fmt: skip
             cells[cell["tag"]] = cell
@@ -662,6 +706,7 @@ def run_bench(
         "n_requests": len(requests),
         "isl": [request.isl for request in requests],
         "categories": sorted({request.category for request in requests}),
+        "targets": workload,
         "cells": cells,
         "timings": dict(stages.timings),
         "wall_s": round(time.monotonic() - started, 1),

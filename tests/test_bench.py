@@ -15,6 +15,9 @@ from rift_ada.cli.app import app
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SECTIONS = (
+    "## What this size can and cannot decide",
+    "## Pre-check: is there staleness to refresh for?",
+    "### Pre-check (probe traces, replay",
     "## The answer",
     "### Table 1 (closed loop",
     "### Trade-off at matched AL and at matched refreshes",
@@ -37,8 +40,11 @@ def test_tiny_bench_report_has_every_section_and_its_numbers(bench_dir):
     assert set(summary["cells"]) == {f"T{t:g} B{b}" for t in size.temperatures for b in size.budgets}
     for section in SECTIONS:
         assert section in report, section
+    assert summary["targets"]["T0"]["response_end"] == "eos_or_cap" and "loops" in summary["targets"]["T1"]
     for tag, cell in summary["cells"].items():
         assert f"## {tag}" in report
+        assert cell["precheck"]["n_requests"] == summary["n_requests"] and cell["precheck"]["densest"] == "periodic:16"
+        assert report.index("### Pre-check") < report.index("### Table 1")
         # Table 1: every method ran in the closed loop on the same requests; full KV is 100% of itself.
         for label in (
             "swa",

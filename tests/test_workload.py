@@ -252,3 +252,30 @@ def test_precheck_report_section_shows_the_numbers_before_calibration_results():
     assert "| 0 | 128 | 2 | 80 (64–96) |" in overview and "50.0% → 50.0%" in overview
     assert "Most headroom: T0 B128." in overview
     assert precheck_overview({"cells": {"old": {"tag": "old"}}}) == []  # cells from before the pre-check
+
+
+def test_bench_target_workload_reports_eos_lengths_and_loops_and_the_report_says_what_size_decides():
+    from rift_ada.calibrate.bench import bench_size, target_workload
+    from rift_ada.calibrate.bench_report import size_caveat, targets_lines
+    from rift_ada.calibrate.splits import CalibrationError
+
+    rows = [
+        {"request_id": "loop", "response_token_ids": [5, 6, 7, 8] * 10},  # 40 tokens, hit the cap
+        {"request_id": "ends", "response_token_ids": list(range(10, 30)) + [2]},  # EOS (2) after 20 tokens
+    ]
+    size = bench_size("small")
+    info = target_workload(rows, size, WordIds(2), {"response_end": "eos_or_cap", "max_new_tokens": 40})
+    assert (info["n_responses"], info["ended_at_eos"], info["osl"]) == (2, 1, {"min": 21, "mean": 30.5, "max": 40})
+    assert info["loops"]["looping"] == ["loop"] and info["loops"]["kept"] == ["ends"]
+    lines = "\n".join(targets_lines({"targets": {"T1": info}}))
+    assert "2 responses end at EOS or the 40-token cap (1 at EOS; length 30 mean, 21–40)" in lines
+    assert "Looping (seq-rep-4 ≥ 0.5, the share of repeated 4-grams): 1, left out of every cell" in lines
+    with pytest.raises(CalibrationError, match="loops.rule"):
+        bench_size("small", loop_rule="drop")
+
+    cell = {"confirmation_ids": ["a"] * 6, "table_ids": ["a"] * 2, "precheck": {"headroom": {"sd": 0.3}}}
+    caveat = "\n".join(size_caveat({"cells": {"T1 B128": cell}}))
+    assert f"≈ {2.8 * 0.3 / 6**0.5:.2f} AL" in caveat and "closed loop on 2 requests: an ordering" in caveat
+    assert "cannot decide whether RIFT-ada beats periodic refresh" in caveat
+    big = {"confirmation_ids": ["a"] * 400, "table_ids": ["a"] * 400, "precheck": {"headroom": {"sd": 0.3}}}
+    assert "cannot decide whether" not in "\n".join(size_caveat({"cells": {"T1 B128": big}}))
