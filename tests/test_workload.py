@@ -263,7 +263,7 @@ def test_bench_target_workload_reports_eos_lengths_and_loops_and_the_report_says
         {"request_id": "loop", "response_token_ids": [5, 6, 7, 8] * 10},  # 40 tokens, hit the cap
         {"request_id": "ends", "response_token_ids": list(range(10, 30)) + [2]},  # EOS (2) after 20 tokens
     ]
-    size = bench_size("small")
+    size = bench_size("small", loop_rule="exclude")
     info = target_workload(rows, size, WordIds(2), {"response_end": "eos_or_cap", "max_new_tokens": 40})
     assert (info["n_responses"], info["ended_at_eos"], info["osl"]) == (2, 1, {"min": 21, "mean": 30.5, "max": 40})
     assert info["loops"]["looping"] == ["loop"] and info["loops"]["kept"] == ["ends"]
