@@ -82,7 +82,7 @@ class BenchSize:
     # them out of every cell of their temperature, "keep" runs them (both report them in bench.json). Greedy
     # SmolLM2 loops on most embedded prompts (docs/workload.md), so excluding them would leave no T = 0 cell.
     loop_ngram: int = 4
-    loop_threshold: float = 0.5
+    loop_threshold: float = 0.3
     loop_rule: str = "keep"
 
     def check(self) -> None:
@@ -231,7 +231,7 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
         return False
     size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS}
     size.setdefault("forced_length", True)  # cells written before these fields forced their targets and kept loops
-    for name, value in (("loop_ngram", 4), ("loop_threshold", 0.5), ("loop_rule", "keep")):
+    for name, value in (("loop_ngram", 4), ("loop_threshold", 0.3), ("loop_rule", "keep")):
         size.setdefault(name, value)
     return {**stored, "size": size} == fingerprint
 

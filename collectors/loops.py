@@ -61,7 +61,7 @@ class LoopDetector:
     """Flags target responses whose share of repeated ``n``-grams is >= ``threshold``; ``rule`` says what to do."""
 
     n: int = 4
-    threshold: float = 0.5
+    threshold: float = 0.3
     rule: LoopRule = "exclude"
 
     def __post_init__(self) -> None:

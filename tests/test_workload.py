@@ -269,7 +269,7 @@ def test_bench_target_workload_reports_eos_lengths_and_loops_and_the_report_says
     assert info["loops"]["looping"] == ["loop"] and info["loops"]["kept"] == ["ends"]
     lines = "\n".join(targets_lines({"targets": {"T1": info}}))
     assert "2 responses end at EOS or the 40-token cap (1 at EOS; length 30 mean, 21–40)" in lines
-    assert "Looping (seq-rep-4 ≥ 0.5, the share of repeated 4-grams): 1, left out of every cell" in lines
+    assert "Looping (seq-rep-4 ≥ 0.3, the share of repeated 4-grams): 1, left out of every cell" in lines
     with pytest.raises(CalibrationError, match="loops.rule"):
         bench_size("small", loop_rule="drop")
 
