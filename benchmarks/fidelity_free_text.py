@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from fidelity_rounds import predicted_al
 
     from rift_ada import speculative
-    from rift_ada.calibrate.export import atomic_write_json, json_safe
+    from rift_ada.atomic import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.pipeline import run_collection

@@ -35,7 +35,7 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rift_ada.calibrate.export import atomic_write_json, json_safe
+    from rift_ada.atomic import atomic_write_json, json_safe
     from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.probe import probe_request

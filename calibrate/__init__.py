@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "run_study": "rift_ada.calibrate.study",
     "run_worker": "rift_ada.calibrate.study",
     "study_points": "rift_ada.calibrate.study",
-    "atomic_write_json": "rift_ada.calibrate.export",
+    "atomic_write_json": "rift_ada.atomic",
     "controller_dict": "rift_ada.calibrate.export",
     "export_controller": "rift_ada.calibrate.export",
     "render_markdown": "rift_ada.calibrate.report",

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from rift_ada.atomic import atomic_write_json, json_safe
 from rift_ada.calibrate.bench_report import write_bench_report
 from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
 from rift_ada.calibrate.evaluation import evaluate_run
-from rift_ada.calibrate.export import atomic_write_json, json_safe
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES

@@ -7,8 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from rift_ada.atomic import atomic_write
-from rift_ada.calibrate.export import atomic_write_text
+from rift_ada.atomic import atomic_write, atomic_write_text
 
 STALENESS_PNG = "staleness_T{temperature:g}_B{budget}.png"
 CAPTURE_GOAL = 0.8  # issue 11: the controller captures >= 80% of the oracle's refresh saving

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from rift_ada.calibrate.export import atomic_write_json, canonical_json, export_controller
+from rift_ada.atomic import atomic_write_json, canonical_json
+from rift_ada.calibrate.export import export_controller
 from rift_ada.calibrate.pipeline import (
     ROLE_CHOSEN,
     ROLE_MATCHED,

@@ -1,15 +1,22 @@
-"""Controller JSON v1 assembly, validation and atomic writes."""
+"""Controller JSON v1 assembly, validation and export (the writers themselves are in ``rift_ada.atomic``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-from rift_ada.atomic import atomic_write_bytes, atomic_write_text
+# The writers live in rift_ada.atomic; re-exported here for code written against this module.
+from rift_ada.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    canonical_json,
+    json_default,
+    json_safe,
+)
 from rift_ada.controller import DEFAULT_CACHE, DEFAULT_SCHEDULE, DEFAULT_SIGNALS, make_controller_dict
 
 __all__ = [
@@ -22,6 +29,7 @@ __all__ = [
     "canonical_json",
     "controller_dict",
     "export_controller",
+    "json_safe",
     "sha256_json",
     "validate_controller",
 ]
@@ -58,41 +66,10 @@ def validate_controller(controller: dict[str, Any]) -> Any:
     return Controller.from_dict(controller)
 
 
-def canonical_json(obj: Any) -> str:
-    """Indented, key-sorted JSON with a trailing newline (stable across runs)."""
-    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=_json_default) + "\n"
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with numpy values as Python ones and NaN / infinity as None (strict JSON has neither)."""
-    if isinstance(obj, dict):
-        return {key: json_safe(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(value) for value in obj]
-    if hasattr(obj, "tolist") and not isinstance(obj, str):
-        return json_safe(obj.tolist())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if hasattr(obj, "item"):
-        return obj.item()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 def sha256_json(obj: Any) -> str:
     """SHA-256 of the compact, key-sorted JSON of ``obj``."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode()
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=json_default).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Atomic write of :func:`canonical_json` ``obj``."""
-    return atomic_write_text(path, canonical_json(obj))
 
 
 def export_controller(controller: dict[str, Any], path: str | os.PathLike[str]) -> Path:

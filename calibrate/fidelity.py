@@ -129,7 +129,7 @@ def fidelity_policies(case: FidelityCase, gate: dict[str, Any]) -> dict[str, Any
 
 def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
     """Rows (policy, replay AL and spread, closed AL, relative gap, refreshes both ways); also fidelity.json."""
-    from rift_ada.calibrate.export import atomic_write_json, json_safe
+    from rift_ada.atomic import atomic_write_json, json_safe
     from rift_ada.collectors.collect import closed_results, collect_closed
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces

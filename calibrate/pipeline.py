@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from rift_ada.atomic import atomic_write_json, canonical_json
 from rift_ada.calibrate.bootstrap import Interval, al_difference_ci, refresh_reduction_ci
 from rift_ada.calibrate.export import (
     DEFAULT_CACHE,
     DEFAULT_SCHEDULE,
     DEFAULT_SIGNALS,
-    atomic_write_json,
-    canonical_json,
     controller_dict,
     export_controller,
     sha256_json,

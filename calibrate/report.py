@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rift_ada.atomic import atomic_write
-from rift_ada.calibrate.export import atomic_write_text
+from rift_ada.atomic import atomic_write, atomic_write_text
 
 PARETO_PNG = "pareto.png"
 POSITION_PNG = "al_by_position.png"

@@ -501,7 +501,7 @@ def evaluate(
             _report_partial(check_complete(directory, allow_partial=allow_partial), directory)
     results = evaluate_run(traces, specs, closed_dir=closed)
     if out is not None:
-        from rift_ada.calibrate.export import atomic_write_json, json_safe
+        from rift_ada.atomic import atomic_write_json, json_safe
 
         atomic_write_json(out, json_safe(results))
     if json_output:

@@ -58,7 +58,7 @@ def write(
     json_output: JsonOption = False,
 ) -> None:
     """Write vectors for controller files and randomised controllers (deterministic in --seed)."""
-    from rift_ada.calibrate.export import atomic_write_text
+    from rift_ada.atomic import atomic_write_text
     from rift_ada.conformance import ConformanceError, vector_set
     from rift_ada.controller import ControllerError
 
@@ -83,7 +83,7 @@ def run(
     json_output: JsonOption = False,
 ) -> None:
     """Run rift_ada.Controller (the reference port) on a vectors file and write its output."""
-    from rift_ada.calibrate.export import atomic_write_text
+    from rift_ada.atomic import atomic_write_text
     from rift_ada.conformance import ConformanceError, run_vectors
     from rift_ada.controller import ControllerError
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rift_ada.atomic import atomic_write, atomic_write_text
-from rift_ada.calibrate.export import atomic_write_json, json_safe
+from rift_ada.atomic import atomic_write, atomic_write_json, atomic_write_text, json_safe
 
 
 def test_a_write_that_fails_midway_keeps_the_old_file(tmp_path: Path):

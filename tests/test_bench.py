@@ -145,8 +145,8 @@ def test_adding_a_budget_or_a_temperature_leaves_finished_cells_done():
     """A cell's fingerprint holds what the cell depends on, not the grid around it: a run continued
     with another budget or temperature reads its finished cells back (also cells whose stored
     fingerprint still records the grid, as before 2026-12-01); a changed setting re-runs them."""
+    from rift_ada.atomic import json_safe
     from rift_ada.calibrate.bench import _cell_fingerprint, same_cell
-    from rift_ada.calibrate.export import json_safe
 
     def fingerprint(size):
         return json_safe(_cell_fingerprint(size, 0.0, 96, 0, "tiny", "embedded"))

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rift_ada.atomic import atomic_write_json, atomic_write_text, json_safe
 from rift_ada.calibrate.bootstrap import _paired_interval
-from rift_ada.calibrate.export import atomic_write_json, atomic_write_text, json_safe
 from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed
 from rift_ada.collectors.pipeline import ensure_targets, load_pair
 from rift_ada.models import load_model

@@ -24,8 +24,14 @@ from typing import Any
 
 import torch
 
-from rift_ada.atomic import atomic_write
-from rift_ada.calibrate.export import atomic_write_json, json_safe
+from rift_ada.atomic import (
+    atomic_publish_dir,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    json_safe,
+    reporting_disk_full,
+)
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
 from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import package_versions
@@ -183,9 +189,11 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
     student = models.student.merge_and_unload() if models.lora else models.student
     restore_attention(student)
     student.eval()
-    staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    student.save_pretrained(staging)
-    models.pair.tokenizer.save_pretrained(staging)
+    _remove_stale_staging(out_dir)
+    staging = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    with reporting_disk_full(staging):
+        student.save_pretrained(staging)
+        models.pair.tokenizer.save_pretrained(staging)
     preset = models.pair.preset
     target = preset.target_name
     if Path(target).exists():  # a local base model: keep it findable from anywhere
@@ -201,12 +209,35 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
         "training": training,
     }
     atomic_write_json(staging / TRAINED_DRAFT_FILE, json_safe(meta))
-    if out_dir.exists():
-        import shutil
-
-        shutil.rmtree(out_dir)
-    os.replace(staging, out_dir)
+    atomic_publish_dir(staging, out_dir)  # the old model stays in place until the new one replaces it
     return out_dir
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Folders a killed run left while saving (``.model.tmp-<pid>``, ``.model.old-<pid>``); one trainer per run."""
+    import shutil
+
+    for leftover in out_dir.parent.glob(f".{out_dir.name}.*"):
+        if leftover.is_dir() and (".tmp" in leftover.name or ".old-" in leftover.name):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _resume_log(log_path: Path, step: int) -> tuple[float | None, float | None]:
+    """Keep the log's records of steps ``1..step`` (a killed run may have logged steps after its
+    last checkpoint, or half a line on a full disk); returns the losses of steps 1 and ``step``."""
+    if not log_path.exists():
+        return None, None
+    kept: dict[int, str] = {}
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and 1 <= record["step"] <= step:
+            kept[record["step"]] = line
+    atomic_write_text(log_path, "".join(kept[n] + "\n" for n in sorted(kept)))
+    loss = {n: json.loads(kept[n])["loss"] for n in (1, step) if n in kept}
+    return loss.get(1), loss.get(step)
 
 
 @dataclass
@@ -275,7 +306,9 @@ def train(
     models.student.train()
     log_path = out_dir / "train-log.jsonl"
     began = time.monotonic()
-    first = last = None
+    first, last = _resume_log(log_path, start) if start else (None, None)
+    if not start:
+        log_path.unlink(missing_ok=True)  # a run killed before its first checkpoint starts its log again
     for step in range(start, config.steps):
         optimizer.zero_grad(set_to_none=True)
         totals = {"total": 0.0, "ce": 0.0, "kd": 0.0}
@@ -303,7 +336,7 @@ def train(
         }
         first = record["loss"] if first is None else first
         last = record["loss"]
-        with log_path.open("a") as handle:
+        with reporting_disk_full(log_path), log_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if (step + 1) % config.log_every == 0:
             log.info(
