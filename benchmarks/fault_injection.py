@@ -1,16 +1,23 @@
-"""Fault injection: SIGKILL `rift-ada collect` and `rift-ada calibrate` at random points, rerun, compare.
+"""Fault injection: preempt (SIGTERM, a grace period, then SIGKILL) and fill the disk under real CLI runs.
 
-Collection (a tiny random llama, probe mode, fixed targets): every killed run is rerun into the
-same directory until it exits 0; its committed tables must equal an uninterrupted run's exactly.
-Calibration (synthetic probe traces, no model): every killed run is rerun on the same run
-directory (the same Optuna SQLite study); the study must end with exactly the asked number of
-COMPLETE trials, none RUNNING or WAITING, every baseline once with the uninterrupted run's values,
-and a valid controller. Whether the controller equals the uninterrupted run's is printed too: it
-need not, because the sampler's random stream restarts with the rerun (docs/reliability.md).
+For each stage (targets, collect, calibrate, bench, train, train-eval) an uninterrupted reference run
+is made first. Then, per stage:
 
-    .venv/bin/python benchmarks/fault_injection.py --runs 3 --seed 0
+- ``--runs`` preempted runs: SIGTERM at a seeded random time of the reference's duration (so across
+  its stages), SIGKILL if the process still lives after ``--grace`` seconds; rerun into the same
+  directory until it exits 0;
+- ``--disk-runs`` full-disk runs (as root: a tmpfs per run, sized to a seeded random share of the
+  reference's disk use, so the disk fills at a random point): the run must exit 1 with one
+  ``error: <path>: disk is full ...; set by --out`` line naming a path under the run directory and no
+  traceback; the tmpfs is then grown (``mount -o remount``) and the run repeated until it exits 0.
 
-Prints one line per run and a summary (runs, kills, mismatches); exits 1 on any mismatch.
+Every finished run is compared with the reference (``compare_*`` below says what must be equal and
+which fields are left out, and why). A mismatch, a traceback on stderr, or a full-disk message that
+does not name the path counts against the run; the script exits 1 if any does.
+
+    nice -n 10 .venv/bin/python benchmarks/fault_injection.py --seed 0          # every stage (~20 min, 2 cores)
+    .venv/bin/python benchmarks/fault_injection.py --quick                      # targets only, ~1 min (a test)
+    .venv/bin/python benchmarks/fault_injection.py --only bench --runs 4 --disk-runs 2
 """
 
 from __future__ import annotations
@@ -18,16 +25,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 CLI = [sys.executable, "-m", "rift_ada.cli.app"]
+STAGES = ("targets", "collect", "calibrate", "bench", "train", "train-eval")
 PROMPTS = [
     "Explain, step by step, how a hash table resolves collisions with open addressing.",
     "List the planets of the solar system in order and give one fact about each.",
@@ -36,43 +48,248 @@ PROMPTS = [
     "Summarise the rules of chess for a beginner: the pieces, how they move, and how to win.",
     "Explain what a compiler does, phase by phase, from source text to machine code.",
 ]
+DISK_FULL = re.compile(
+    r"^error: (?P<path>.+): disk is full \(no space left on device\)(; set by (?P<option>--[a-z-]+))?$"
+)
 
 
-def run_cli(arguments: list[str], *, kill_after: float | None = None) -> tuple[int, bool]:
-    """(exit code, killed): run a CLI command, SIGKILLed after ``kill_after`` seconds if still running."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    process = subprocess.Popen([*CLI, *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    if kill_after is not None:
-        try:
-            process.wait(timeout=kill_after)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            return process.returncode, True
-    _, stderr = process.communicate()
-    if process.returncode != 0:
-        sys.stderr.write(stderr.decode(errors="replace")[-2000:])
-    return process.returncode, False
+@dataclass
+class Run:
+    """One CLI process: exit code, how it ended, its stderr (from a file: no pipe to fill)."""
+
+    code: int
+    seconds: float
+    stderr: str
+    terminated: bool = False  # SIGTERM sent
+    killed: bool = False  # still alive after the grace period: SIGKILL sent
+
+    @property
+    def stage(self) -> str:
+        """The last progress stage the process reported (where a fault landed)."""
+        stages = re.findall(r"^\[([^\]]+)\]", self.stderr, flags=re.MULTILINE)
+        return stages[-1] if stages else "start-up"
 
 
-def until_done(arguments: list[str], kill_after: float, on_kill=None) -> tuple[int, int]:
-    """Run once with a SIGKILL after ``kill_after`` s, then rerun (no kill) until it exits 0: (kills, reruns).
+def run_cli(arguments: list[str], *, term_after: float | None = None, grace: float = 5.0) -> Run:
+    """Run ``rift-ada ARGUMENTS``; with ``term_after``: SIGTERM then, SIGKILL ``grace`` seconds later if alive."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with tempfile.TemporaryFile() as log:
+        started = time.monotonic()
+        process = subprocess.Popen([*CLI, *arguments], stdout=subprocess.DEVNULL, stderr=log, env=env)
+        terminated = killed = False
+        if term_after is not None:
+            try:
+                process.wait(timeout=term_after)
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGTERM)
+                terminated = True
+                try:
+                    process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    process.send_signal(signal.SIGKILL)
+                    killed = True
+        process.wait()
+        log.seek(0)
+        stderr = log.read().decode(errors="replace")
+    return Run(process.returncode, time.monotonic() - started, stderr, terminated, killed)
 
-    ``on_kill`` is called right after a kill (to record what the killed run had written)."""
-    code, killed = run_cli(arguments, kill_after=kill_after)
-    kills, reruns = int(killed), 0
-    if killed and on_kill is not None:
-        on_kill()
-    while code != 0 and reruns < 3:
-        reruns += 1
-        code, _ = run_cli(arguments)
-    if code != 0:
-        raise RuntimeError(f"rerun failed: {' '.join(arguments)}")
-    return kills, reruns
+
+@dataclass
+class Tally:
+    """A stage's figures (the table in docs/reliability.md)."""
+
+    runs: int = 0
+    faults: int = 0  # SIGTERMs delivered (the process was still running)
+    sigkills: int = 0  # of those, still alive after the grace period
+    disk_runs: int = 0
+    disk_full: int = 0  # runs that met the full disk (the rest finished within the space)
+    reruns: int = 0
+    mismatches: int = 0
+    tracebacks: int = 0
+    unnamed: int = 0  # full-disk exits without the one line naming a path under the run directory
+    stages_hit: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def finish(arguments: list[str], tally: Tally, limit: int = 4) -> Run:
+    """Rerun until exit 0 (at most ``limit`` times)."""
+    for _ in range(limit):
+        tally.reruns += 1
+        run = run_cli(arguments)
+        check_traceback(run, tally)
+        if run.code == 0:
+            return run
+        tally.notes.append(f"rerun exited {run.code}: {run.stderr.strip().splitlines()[-1:]}")
+    raise RuntimeError(f"rerun keeps failing: {' '.join(arguments)}")
+
+
+def check_traceback(run: Run, tally: Tally) -> None:
+    if "Traceback" in run.stderr:
+        tally.tracebacks += 1
+        tally.notes.append("traceback: " + run.stderr[run.stderr.index("Traceback") :][:600])
+
+
+def disk_usage(folder: Path) -> int:
+    """Bytes ``folder`` takes on a disk: allocated blocks (a tmpfs counts whole pages), folders included."""
+    return sum(p.stat().st_blocks * 512 if p.is_file() else 4096 for p in folder.rglob("*"))
+
+
+class Tmpfs:
+    """A tmpfs mounted on ``folder`` (needs root); ``grow`` makes room without unmounting."""
+
+    def __init__(self, folder: Path, size: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+        if done.returncode != 0:
+            raise PermissionError(done.stderr.decode(errors="replace").strip() or "mount failed")
+
+    def grow(self, size: int = 4 << 30) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.folder)], check=True)
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.folder)], capture_output=True)
 
 
 # ----------------------------------------------------------------------------------------------
-# Collection
+# What must be equal. Paths are compared with the run directory replaced by <out>.
+
+
+def _normalised(value, out: Path, drop: frozenset[str]):
+    if isinstance(value, dict):
+        return {k: _normalised(v, out, drop) for k, v in value.items() if k not in drop}
+    if isinstance(value, list):
+        return [_normalised(v, out, drop) for v in value]
+    if isinstance(value, str):
+        return value.replace(str(out.resolve()), "<out>").replace(str(out), "<out>")
+    return value
+
+
+def _json(path: Path, out: Path, drop: frozenset[str] = frozenset()) -> object:
+    return _normalised(json.loads(path.read_text()), out, drop)
+
+
+def _text(path: Path, out: Path) -> str:
+    text = path.read_text().replace(str(out.resolve()), "<out>").replace(str(out), "<out>")
+    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "<created>", text)
+    return re.sub(r"\b\d+(\.\d+)? s\b", "<wall> s", text)
+
+
+# Wall times, timestamps and the command line differ between any two runs, interrupted or not.
+TIMES = frozenset({"created", "wall_s", "timings", "seconds", "seconds_this_session", "command", "command_line"})
+
+
+def compare_targets(out: Path, reference: Path) -> list[str]:
+    from rift_ada.collectors.targets_io import read_targets
+
+    return [] if read_targets(out / "targets.parquet") == read_targets(reference / "targets.parquet") else ["rows"]
+
+
+def compare_collect(out: Path, reference: Path) -> list[str]:
+    from rift_ada.collectors.trace_io import read_tables
+
+    tables, expected = read_tables(out / "traces"), read_tables(reference / "traces")
+    if tables.keys() != expected.keys():
+        return ["table kinds"]
+    return [kind for kind in expected if not tables[kind].equals(expected[kind])]
+
+
+def study_summary(run_dir: Path) -> dict[str, object]:
+    import optuna
+    from optuna.trial import TrialState
+
+    from rift_ada.calibrate.study import BASELINE_ATTR, open_storage
+
+    storage = open_storage(f"sqlite:///{run_dir / 'study.db'}")
+    names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+    trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(deepcopy=False) if names else []
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    summary = {
+        "complete": len(complete),
+        "running_or_waiting": sum(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials),
+        "baselines": sorted(
+            (t.user_attrs[BASELINE_ATTR], tuple(t.values)) for t in complete if t.user_attrs.get(BASELINE_ATTR)
+        ),  # fmt: skip
+    }
+    storage.engine.dispose()
+    return summary
+
+
+def compare_calibrate(out: Path, reference: Path) -> list[str]:
+    """The study's invariants (the asked COMPLETE trials, none left RUNNING or WAITING, every baseline once
+    with the reference's values) and a valid controller. The controller itself may differ after a restart
+    inside the study (the TPE sampler's random stream starts again), so it is reported, not required."""
+    from rift_ada.controller import Controller
+
+    got, expected = study_summary(out), study_summary(reference)
+    problems = [key for key in ("complete", "baselines") if got[key] != expected[key]]
+    problems += ["running/waiting trials left"] if got["running_or_waiting"] else []
+    Controller.from_dict(json.loads((out / "controller.json").read_text()))
+    return problems
+
+
+def same_calibrated_controller(out: Path, reference: Path) -> bool:
+    return _json(out / "controller.json", out, TIMES) == _json(reference / "controller.json", reference, TIMES)
+
+
+def compare_bench(out: Path, reference: Path) -> list[str]:
+    """bench.json, report.md and every exported controller, without wall times, timestamps and the command
+    (the cells' and the run's ``timings``/``wall_s`` are per session: a resumed run times only what it ran)."""
+    problems = []
+    if _json(out / "bench.json", out, TIMES) != _json(reference / "bench.json", reference, TIMES):
+        problems.append("bench.json")
+    if _text(out / "report.md", out) != _text(reference / "report.md", reference):
+        problems.append("report.md")
+    names = sorted(p.name for p in (reference / "exported").glob("*.json"))
+    if sorted(p.name for p in (out / "exported").glob("*.json")) != names:
+        problems.append("exported controller names")
+    for name in names:
+        if _json(out / "exported" / name, out, TIMES) != _json(reference / "exported" / name, reference, TIMES):
+            problems.append(f"exported/{name}")
+    return problems
+
+
+def compare_train(out: Path, reference: Path) -> list[str]:
+    """The saved draft's weights (bit for bit), the log's losses per step, and train.json without
+    ``resumed_at`` (the step the last session started from) and the session's wall time."""
+    import torch
+    from safetensors.torch import load_file
+
+    problems = []
+    weights, expected = (load_file(str(d / "model" / "model.safetensors")) for d in (out, reference))
+    if weights.keys() != expected.keys() or any(not torch.equal(weights[k], expected[k]) for k in expected):
+        problems.append("model weights")
+
+    def losses(folder: Path) -> list[tuple[int, float]]:
+        lines = (folder / "train-log.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+    if losses(out) != losses(reference):
+        problems.append("train-log.jsonl losses")
+    drop = TIMES | {"resumed_at"}
+    if _json(out / "train.json", out, drop) != _json(reference / "train.json", reference, drop):
+        problems.append("train.json")
+    return problems
+
+
+def compare_train_eval(out: Path, reference: Path) -> list[str]:
+    problems = []
+    if _json(out / "eval.json", out, TIMES) != _json(reference / "eval.json", reference, TIMES):
+        problems.append("eval.json")
+    if _text(out / "eval.md", out) != _text(reference / "eval.md", reference):
+        problems.append("eval.md")
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------
+# The stages: the command for a run directory, and what to compare
+
+
+@dataclass
+class Stage:
+    name: str
+    command: Callable[[Path], list[str]]
+    compare: Callable[[Path, Path], list[str]]
 
 
 def tiny_model(folder: Path) -> Path:
@@ -84,8 +301,8 @@ def tiny_model(folder: Path) -> Path:
 
     tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -93,134 +310,186 @@ def tiny_model(folder: Path) -> Path:
     return folder
 
 
-def collection_trial(work: Path, runs: int, rng: np.random.Generator) -> dict[str, int]:
-    from rift_ada.collectors.trace_io import read_tables
+TRAIN = ["--dataset", "embedded", "--n-requests", "6", "--isl-buckets", "256", "--rollout-tokens", "16",
+         "--max-length", "400", "--steps", "6", "--batch-size", "1", "--lora-rank", "2", "--lr", "1e-2",
+         "--checkpoint-every", "1"]  # fmt: skip
+
+
+def make_stages(work: Path, quick: bool) -> tuple[dict[str, Stage], dict]:
+    from rift_ada.collectors.synthetic import synthetic_traces
+    from rift_ada.collectors.trace_io import write_probe_traces
 
     model = tiny_model(work / "model")
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(PROMPTS)))
-    common = ["--model", str(model), "--dataset", f"jsonl:{prompts}", "--budget", "64", "--arm-ages", "0,16,32"]
-    targets = work / "targets.parquet"
-    if run_cli(["targets", *common[:4], "--out", str(targets), "--max-new-tokens", "96"])[0] != 0:
-        raise RuntimeError("targets failed")
-    collect = ["collect", *common, "--targets", str(targets)]
-    start = time.monotonic()
-    if run_cli([*collect, "--out", str(work / "reference")])[0] != 0:
-        raise RuntimeError("reference collection failed")
-    reference_s = time.monotonic() - start
-    reference = read_tables(work / "reference")
-    kills = mismatches = reruns = 0
-    for index in range(runs):
-        out = work / f"collect-{index}"
-        kill_after = float(rng.uniform(0.3, 1.0) * reference_s)
-        run_kills, run_reruns = until_done([*collect, "--out", str(out)], kill_after)
-        kills, reruns = kills + run_kills, reruns + run_reruns
-        tables = read_tables(out)
-        same = tables.keys() == reference.keys() and all(tables[k].equals(reference[k]) for k in reference)
-        mismatches += not same
-        print(f"collect run {index}: kill at {kill_after:.1f}s of {reference_s:.1f}s, killed={bool(run_kills)}, "
-              f"reruns={run_reruns}, tables equal={same}", flush=True)  # fmt: skip
-    return {"runs": runs, "kills": kills, "reruns": reruns, "mismatches": mismatches}
-
-
-# ----------------------------------------------------------------------------------------------
-# Calibration
-
-
-def study_summary(run_dir: Path, total: int) -> dict[str, object]:
-    import optuna
-    from optuna.trial import TrialState
-
-    from rift_ada.calibrate.study import BASELINE_ATTR, open_storage
-
-    storage = open_storage(f"sqlite:///{run_dir / 'study.db'}")
-    names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
-    trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(deepcopy=False) if names else []
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    n_prompts, tokens = ("2", "16") if quick else ("6", "64")
+    data = ["--model", str(model), "--dataset", f"jsonl:{prompts}", "--limit", n_prompts]
+    targets = work / "fixed-targets.parquet"
+    synthetic_model = work / "synthetic-model"
+    synthetic_model.mkdir()
+    traces = synthetic_traces(16, 512, seed=7, segment_length=128)
+    probe = write_probe_traces(
+        work / "probe",
+        traces,
+        dict(traces.manifest, draft=str(synthetic_model), target=str(synthetic_model), dataset="synthetic", seed=0),
+    )
+    trained = work / "trained"
     return {
-        "complete": len(complete),
-        "running_or_waiting": sum(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials),
-        "baselines": sorted(
-            (t.user_attrs[BASELINE_ATTR], tuple(t.values)) for t in complete if t.user_attrs.get(BASELINE_ATTR)
-        ),  # fmt: skip
-        "total_ok": len(complete) == total,
-    }
+        "targets": Stage(
+            "targets",
+            lambda out: ["targets", *data, "--temp", "1", "--seed", "5", "--max-new-tokens", tokens,
+                         "--out", str(out / "targets.parquet")],  # fmt: skip
+            compare_targets,
+        ),
+        "collect": Stage(
+            "collect",
+            lambda out: ["collect", *data, "--budget", "64", "--arm-ages", "0,16,32", "--targets", str(targets),
+                         "--out", str(out / "traces")],  # fmt: skip
+            compare_collect,
+        ),
+        "calibrate": Stage(
+            "calibrate",
+            lambda out: ["calibrate", "-m", str(synthetic_model), "-t", "0", "--traces", str(probe),
+                         "--out", str(out), "--trials", "120", "--seed", "3"],  # fmt: skip
+            compare_calibrate,
+        ),
+        "bench": Stage(
+            "bench",
+            lambda out: ["bench", "--size", "tiny", "--model", str(model), "--out", str(out), "--temperatures", "0",
+                         "--budgets", "96", "--trials", "8", "--table-requests", "0",
+                         "--export-controllers", str(out / "exported")],  # fmt: skip
+            compare_bench,
+        ),
+        "train": Stage(
+            "train",
+            lambda out: ["train", "--model", str(model), "--out", str(out), *TRAIN],
+            compare_train,
+        ),
+        "train-eval": Stage(
+            "train-eval",
+            lambda out: ["train-eval", "--run", str(trained), "--out", str(out), "--budgets", "96",
+                         "--dyn-interval", "4", "--max-new-tokens", "16"],  # fmt: skip
+            compare_train_eval,
+        ),
+    }, {"targets": (targets, data, tokens), "trained": trained, "model": model}
 
 
-def calibration_trial(work: Path, runs: int, rng: np.random.Generator, trials: int) -> dict[str, int]:
-    from rift_ada.collectors.synthetic import synthetic_traces
-    from rift_ada.collectors.trace_io import write_probe_traces
-    from rift_ada.controller import Controller
+def prepare_inputs(stages: set[str], inputs: dict) -> None:
+    """Inputs some stages read (made once, uninterrupted): fixed targets for collect, a trained run for train-eval."""
+    targets, data, tokens = inputs["targets"]
+    if "collect" in stages and run_cli(["targets", *data, "--max-new-tokens", tokens, "--out", str(targets)]).code:
+        raise RuntimeError("fixed targets failed")
+    if "train-eval" in stages:
+        done = run_cli(["train", "--model", str(inputs["model"]), "--out", str(inputs["trained"]), *TRAIN])
+        if done.code:
+            raise RuntimeError("training for train-eval failed:\n" + done.stderr[-2000:])
 
-    model = work / "synthetic-model"
-    model.mkdir()
-    traces = synthetic_traces(24, 768, seed=7, segment_length=128)
-    manifest = dict(traces.manifest, draft=str(model), target=str(model), dataset="synthetic", seed=0)
-    probe = write_probe_traces(work / "probe", traces, manifest)
 
-    def calibrate(run_dir: Path) -> list[str]:
-        return ["calibrate", "-m", str(model), "-t", "0", "--traces", str(probe), "--out", str(run_dir),
-                "--controller", str(run_dir / "exported.json"), "--trials", str(trials), "--seed", "3"]  # fmt: skip
+def disk_full_line(run: Run, under: Path) -> bool:
+    """The one error line names a path under ``under`` and says the disk is full (``--out`` set it)."""
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    if len(errors) != 1 or not run.stderr.rstrip().endswith(errors[0]):
+        return False
+    match = DISK_FULL.match(errors[0])
+    return bool(match) and Path(match["path"]).resolve().is_relative_to(under.resolve()) and bool(match["option"])
 
-    start = time.monotonic()
-    if run_cli(calibrate(work / "cal-reference"))[0] != 0:
-        raise RuntimeError("reference calibration failed")
-    reference_s = time.monotonic() - start
-    reference_controller = json.loads((work / "cal-reference" / "exported.json").read_text())
-    reference_study = study_summary(work / "cal-reference", 0)
-    kills = mismatches = reruns = same_controllers = 0
+
+def trial(stage: Stage, work: Path, runs: int, disk_runs: int, grace: float, rng: np.random.Generator) -> Tally:
+    tally = Tally()
+    reference = work / f"{stage.name}-reference"
+    done = run_cli(stage.command(reference))
+    if done.code != 0:
+        raise RuntimeError(f"{stage.name} reference failed:\n{done.stderr[-3000:]}")
+    check_traceback(done, tally)
+    duration, usage = done.seconds, disk_usage(reference)
+    same_controllers = 0
     for index in range(runs):
-        run_dir = work / f"cal-{index}"
-        kill_after = float(rng.uniform(0.3, 0.9) * reference_s)
-        at_kill: dict[str, object] = {}
+        out = work / f"{stage.name}-{index}"
+        term_after = float(rng.uniform(0.15, 0.95) * duration)
+        run = run_cli(stage.command(out), term_after=term_after, grace=grace)
+        check_traceback(run, tally)
+        tally.runs += 1
+        if run.terminated:
+            tally.faults += 1
+            tally.sigkills += run.killed
+            tally.stages_hit.append(f"SIGTERM@{term_after:.0f}s:{run.stage}")
+            finish(stage.command(out), tally)
+        problems = stage.compare(out, reference)
+        tally.mismatches += bool(problems)
+        if stage.name == "calibrate":
+            same_controllers += same_calibrated_controller(out, reference)
+        print(f"{stage.name} run {index}: SIGTERM at {term_after:.1f}s of {duration:.1f}s "
+              f"(delivered={run.terminated}, SIGKILL={run.killed}, in '{run.stage}'), "
+              f"mismatches={problems or 'none'}", flush=True)  # fmt: skip
+    for index in range(disk_runs):
+        size = max(16 * 1024, int(rng.uniform(0.05, 0.95) * usage))
+        mount = work / f"{stage.name}-disk-{index}"
+        try:
+            disk = Tmpfs(mount, size)
+        except PermissionError as error:
+            tally.notes.append(f"no tmpfs ({error}): full-disk runs skipped")
+            break
+        try:
+            out = mount / "run"
+            tally.disk_runs += 1
+            run = run_cli(stage.command(out))
+            check_traceback(run, tally)
+            if run.code != 0:
+                tally.disk_full += 1
+                named = disk_full_line(run, mount)
+                tally.unnamed += not named
+                last = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
+                tally.stages_hit.append(f"disk {size // 1024} KiB:{run.stage}")
+                if not named:
+                    tally.notes.append(f"full disk not named: {last}")
+                disk.grow()
+                finish(stage.command(out), tally)
+            problems = stage.compare(out, reference)
+            tally.mismatches += bool(problems)
+            if stage.name == "calibrate":
+                same_controllers += same_calibrated_controller(out, reference)
+            print(f"{stage.name} disk run {index}: {size // 1024} KiB of {usage // 1024} KiB used by the reference, "
+                  f"full={run.code != 0} (in '{run.stage}'): {run.stderr.strip().splitlines()[-1:]}, "
+                  f"mismatches={problems or 'none'}", flush=True)  # fmt: skip
+        finally:
+            disk.close()
+            shutil.rmtree(mount, ignore_errors=True)
+    if stage.name == "calibrate":
+        tally.notes.append(f"same controller as the reference in {same_controllers} of {runs + tally.disk_runs} runs")
+    return tally
 
-        def record(run_dir: Path = run_dir, at_kill: dict[str, object] = at_kill) -> None:
-            if (run_dir / "study.db").exists():
-                at_kill.update(study_summary(run_dir, 0))
 
-        run_kills, run_reruns = until_done(calibrate(run_dir), kill_after, on_kill=record)
-        kills, reruns = kills + run_kills, reruns + run_reruns
-        summary = study_summary(run_dir, reference_study["complete"])
-        controller = json.loads((run_dir / "exported.json").read_text())
-        Controller.from_dict(controller)  # raises if invalid
-        ok = (
-            summary["total_ok"]
-            and summary["running_or_waiting"] == 0
-            and summary["baselines"] == reference_study["baselines"]
-        )
-        same = controller["policy"] == reference_controller["policy"]
-        mismatches += not ok
-        same_controllers += same
-        baselines_equal = summary["baselines"] == reference_study["baselines"]
-        killed_at = (f"{at_kill.get('complete')} complete + {at_kill.get('running_or_waiting')} running"
-                     if at_kill else "no study yet")  # fmt: skip
-        print(f"calibrate run {index}: kill at {kill_after:.1f}s of {reference_s:.1f}s, killed={bool(run_kills)} "
-              f"({killed_at}), reruns={run_reruns}, complete={summary['complete']}/{reference_study['complete']}, "
-              f"running/waiting={summary['running_or_waiting']}, baselines equal={baselines_equal}, "
-              f"same controller={same}", flush=True)  # fmt: skip
-    return {"runs": runs, "kills": kills, "reruns": reruns, "mismatches": mismatches,
-            "same_controller": same_controllers}  # fmt: skip
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="killed runs per command")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the kill times")
-    parser.add_argument("--trials", type=int, default=300, help="calibration search trials")
-    parser.add_argument("--only", choices=("collect", "calibrate"), default=None)
-    args = parser.parse_args()
+    parser.add_argument("--runs", type=int, default=3, help="preempted runs per stage")
+    parser.add_argument("--disk-runs", type=int, default=2, help="full-disk runs per stage (needs root for tmpfs)")
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault times and disk sizes")
+    parser.add_argument("--only", choices=STAGES, action="append", help="stage(s) to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="targets only, 1 preempted + 1 full-disk run (a test)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.only, args.runs, args.disk_runs = ["targets"], 1, 1
+    chosen = [s for s in STAGES if args.only is None or s in args.only]
     rng = np.random.default_rng(args.seed)
-    results = {}
+    results: dict[str, dict] = {}
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rift-ada-faults-") as folder:
         work = Path(folder)
-        if args.only in (None, "collect"):
-            (work / "collect").mkdir()
-            results["collect"] = collection_trial(work / "collect", args.runs, rng)
-        if args.only in (None, "calibrate"):
-            (work / "calibrate").mkdir()
-            results["calibrate"] = calibration_trial(work / "calibrate", args.runs, rng, args.trials)
-    print(json.dumps({"seed": args.seed, **results}, indent=2))
-    return 1 if any(result["mismatches"] for result in results.values()) else 0
+        stages, inputs = make_stages(work, args.quick)
+        prepare_inputs(set(chosen), inputs)
+        for name in chosen:
+            began = time.monotonic()
+            tally = trial(stages[name], work, args.runs, args.disk_runs, args.grace, rng)
+            results[name] = asdict(tally) | {"wall_s": round(time.monotonic() - began, 1)}
+    summary = {"seed": args.seed, "grace_s": args.grace, "wall_s": round(time.monotonic() - started, 1),
+               "stages": results}  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    bad = sum(r["mismatches"] + r["tracebacks"] + r["unnamed"] for r in results.values())
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -642,14 +642,27 @@ def run_bench(
     progress: Progress | None = None,
     command: str | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``."""
-    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
-    from rift_ada.collectors.targets_io import targets_provenance
+    """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``.
+
+    A second run on the same ``out_dir`` while this one lives is refused (``LeaseHeldError``)."""
+    from rift_ada.collectors.lease import run_lock
 
     settings_size = bench_size(size) if isinstance(size, str) else size
     settings_size.check()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out, "bench", what=f"rift-ada bench on {out}"):  # one process per run directory
+        return _run_bench(out, settings_size, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
+                          progress=progress, command=command)  # fmt: skip
+
+
+def _run_bench(
+    out: Path, settings_size: BenchSize, *, model: str, seed: int, dataset: str, device: str, dtype: str | None,
+    progress: Progress | None, command: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
+    from rift_ada.collectors.targets_io import targets_provenance
+
     stages = _Stages(progress or (lambda stage, done, total: None))
     started = time.monotonic()
     stages.progress("load model", 0, 1)

@@ -40,6 +40,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from rift_ada.atomic import reporting_disk_full
 from rift_ada.calibrate.operating_point import TrialPoint
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import ProbeTraces
@@ -454,6 +455,21 @@ def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None 
         raise CalibrationError(f"workers must be at least 1, got {workers}")
     if task.n_trials < 0:
         raise CalibrationError(f"trials must be non-negative, got {task.n_trials}")
+    with reporting_disk_full(storage_file(task.storage) or "storage " + task.storage):
+        return _run_study(task, workers=workers, progress=progress)
+
+
+def storage_file(storage: str) -> str | None:
+    """The local file of a SQLite or journal-file storage URL (None for servers and in-memory SQLite)."""
+    if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
+        return storage[len("sqlite:///") :]
+    if storage.startswith("journal:") or storage.endswith((".log", ".journal")):
+        path = storage[len("journal:") :] if storage.startswith("journal:") else storage
+        return path[2:] if path.startswith("//") else path
+    return None
+
+
+def _run_study(task: StudyTask, *, workers: int, progress: ProgressFn | None) -> optuna.Study:
     study = prepare_study(task)
     if workers == 1:
         run_worker(task, progress=progress)

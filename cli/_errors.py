@@ -2,13 +2,15 @@
 
 Exit codes: 2 for usage errors (a bad option, raised as :class:`typer.BadParameter` before any
 model loads), 1 for runtime errors a user can cause (a bad file, a read-only or full disk, a
-storage error). Anything else is a bug and keeps its traceback.
+storage error). A full disk is reported as ``<path>: disk is full (no space left on device); set by
+--option`` whatever layer saw it (rift_ada/atomic.py). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import errno
+import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -32,12 +34,52 @@ def _shorten(message: str) -> str:
     return message
 
 
+# Output paths a command was given, with the option that set each (``note_output``): a full disk
+# while writing under one of them is reported with that option.
+_OUTPUTS: list[tuple[Path, str]] = []
+
+
+def note_output(path: str | os.PathLike[str], option: str) -> None:
+    """Remember that ``option`` set the output ``path`` (a file, or a folder written under)."""
+    _OUTPUTS.append((Path(os.path.abspath(path)), option))
+
+
+def _under(where: Path, root: Path) -> bool:
+    """``where`` is ``root``, inside it, or a sibling named after it (``out.parquet.parts/...``)."""
+    text, prefix = str(where), str(root)
+    return text == prefix or (text.startswith(prefix) and text[len(prefix)] in "/.")
+
+
+def _option_for(path: str) -> str | None:
+    where = Path(os.path.abspath(path))
+    found = [(len(root.parts), option) for root, option in _OUTPUTS if _under(where, root)]
+    return max(found)[1] if found else None
+
+
+def _disk_full_path(error: BaseException) -> str | None:
+    """The file a full-disk error names (``DiskFullError`` or any ENOSPC ``OSError`` with a file name)."""
+    from rift_ada.atomic import is_disk_full
+
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, OSError) and current.filename is not None and is_disk_full(current):
+            return str(current.filename)
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def describe_error(error: BaseException) -> str:
-    """One line for an error: OSErrors name their path and reason; others give their message."""
+    """One line for an error: OSErrors name their path and reason; a full disk names the path (and its option)."""
+    from rift_ada.atomic import is_disk_full
+
+    if is_disk_full(error):
+        path = _disk_full_path(error)
+        if path is not None:
+            option = _option_for(path)
+            return f"{path}: disk is full (no space left on device)" + (f"; set by {option}" if option else "")
+        return f"disk is full (no space left on device): {error}"
     if isinstance(error, OSError) and error.filename is not None:
         reason = error.strerror or str(error)
-        if error.errno == errno.ENOSPC:
-            reason = "no space left on device"
         where = str(error.filename) + (f" -> {error.filename2}" if error.filename2 else "")
         return f"{where}: {reason}"
     original = getattr(error, "orig", None)  # SQLAlchemy wraps the driver's error (and adds a help link)
@@ -75,6 +117,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         ("optuna.exceptions", "StorageInternalError"),
         ("optuna.exceptions", "DuplicatedStudyError"),
         ("pyarrow", "ArrowException"),
+        ("rift_ada.collectors.lease", "LeaseHeldError"),
     ):
         found = getattr(sys.modules.get(module), name, None)
         if isinstance(found, type) and issubclass(found, BaseException):
@@ -86,10 +129,18 @@ class ReportingGroup(typer.core.TyperGroup):
     """The app's click group: user errors from any command end as one line on stderr with exit 1."""
 
     def invoke(self, ctx: Any) -> Any:
+        _OUTPUTS.clear()  # each command notes its own output paths
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):  # usage errors and exits: typer reports them
             raise
         except user_error_types() as error:
+            print_error(describe_error(error))
+            raise typer.Exit(code=EXIT_RUNTIME) from None
+        except Exception as error:  # a full disk seen by a library that raises its own type (torch, safetensors)
+            from rift_ada.atomic import is_disk_full
+
+            if not is_disk_full(error):
+                raise
             print_error(describe_error(error))
             raise typer.Exit(code=EXIT_RUNTIME) from None

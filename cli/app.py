@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail
+from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail, note_output
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 
@@ -164,8 +164,11 @@ def _check_input_file(path: Path | None, option: str) -> None:
         bad_option(option, f"{path}: no such file")
 
 
-def _check_writable(path: Path, option: str) -> None:
-    """The directory ``path`` will be written into can be made and written (tried now, before any work)."""
+def _check_writable(path: Path, option: str, root: Path | None = None) -> None:
+    """The directory ``path`` will be written into can be made and written (tried now, before any work).
+
+    ``root``: the folder ``option`` names when ``path`` is a file in it (errors under it name ``option``)."""
+    note_output(root if root is not None else path, option)
     if path.is_dir() and path.suffix:
         fail(f"{path}: is a directory ({option})")
     directory = path.parent
@@ -334,7 +337,7 @@ def collect(
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Trace directory.")] = Path("runs/traces"),
     targets_file: Annotated[
-        Path | None, typer.Option("--targets", help="Targets Parquet (generated if absent).")
+        Path | None, typer.Option("--targets", help="Targets Parquet (generated if absent; default: OUT/targets.parquet).")
     ] = None,
     policy: Annotated[
         list[str] | None, typer.Option(help="Closed mode: stat, periodic:N, swa, ..., or controller JSON.")
@@ -410,14 +413,16 @@ def collect(
         bad_option("--probe-batch-size", "applies to --mode probe only (closed mode: --batch-size)")
     if free_running and temp <= 0:
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
-    _check_writable(out / "manifest.json", "--out")
+    _check_writable(out / "manifest.json", "--out", root=out)
+    if targets_file is not None:
+        note_output(targets_file, "--targets")  # generated there when absent
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
     from rift_ada.collectors.targets_io import targets_provenance
 
     pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
     requests = load_requests(dataset, pair.tokenizer, limit=limit)
     with _progress() as progress:
-        targets_path = targets_file or out.parent / f"{out.name}-targets.parquet"
+        targets_path = targets_file or _default_targets(out)
         rows = ensure_targets(
             pair,
             requests,
@@ -457,6 +462,14 @@ def collect(
             (str(summary.out_dir), "bold"),
         )
     )
+
+
+def _default_targets(out: Path) -> Path:
+    """``collect``'s targets without ``--targets``: inside the trace directory (a sibling
+    ``<out>-targets.parquet`` written by earlier versions is still read where it exists)."""
+    legacy = out.parent / f"{out.name}-targets.parquet"
+    inside = out / "targets.parquet"
+    return legacy if legacy.exists() and not inside.exists() else inside
 
 
 @app.command()
@@ -555,8 +568,14 @@ def calibrate(
     traces: Annotated[
         Path | None, typer.Option(help="Probe trace directory (default runs/<model>-T<temp>/probe).")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory for report, study and controller.")] = None,
-    controller_out: Annotated[Path | None, typer.Option("--controller", help="Controller JSON path.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Run directory: report, study.db, calibration.json, controller.json (default runs/<model>-T<temp>/calibration)."),
+    ] = None,
+    controller_out: Annotated[
+        Path | None,
+        typer.Option("--controller", help="Controller JSON path (default: OUT/controller.json with --out, else controllers/<model>-T<temp>.json)."),
+    ] = None,
     trials: Annotated[int, typer.Option(min=0, help="Search trials (baselines come on top).")] = 200,
     timeout: Annotated[
         float | None, typer.Option(callback=_positive, help="Stop the study after this many seconds.")
@@ -596,8 +615,10 @@ def calibrate(
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
     name = f"{model}-T{temp:g}"
     traces = traces or Path("runs") / name / "probe"
+    controller_option = "--controller" if controller_out is not None or out is None else "--out"
+    if controller_out is None:  # with --out, everything the command writes goes under it
+        controller_out = out / "controller.json" if out is not None else Path("controllers") / f"{name}.json"
     out = out or Path("runs") / name / "calibration"
-    controller_out = controller_out or Path("controllers") / f"{name}.json"
     from rift_ada.collectors.trace_io import read_manifest
 
     try:
@@ -610,8 +631,8 @@ def calibrate(
         check_traces_match(manifest, preset.draft, preset.target_name, temp)
     except ValueError as error:
         bad_option("--traces", str(error))
-    _check_writable(controller_out, "--controller")
-    _check_writable(out / "report.md", "--out")
+    _check_writable(controller_out, controller_option)
+    _check_writable(out / "report.md", "--out", root=out)
     if storage is not None:
         from rift_ada.calibrate.study import open_storage
 

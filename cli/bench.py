@@ -97,9 +97,11 @@ def bench(
         fail(error, code=2)
     _check_model(model)
     _check_dataset(dataset)
-    _check_writable(out / "bench.json", "--out")
+    _check_writable(out / "bench.json", "--out", root=out)
     if results is not None:
         _check_writable(results, "--results")
+    if export_controllers is not None:
+        _check_writable(export_controllers / "controller.json", "--export-controllers", root=export_controllers)
     given = {
         "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
         "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,

@@ -66,8 +66,8 @@ def train(
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16 (GPU default).")] = None,
 ) -> None:
     """Distil the draft from the target under compression-driven attention masks (paper §5)."""
-    from rift_ada.cli._errors import fail
-    from rift_ada.cli.app import _progress, console
+    from rift_ada.cli._errors import fail, note_output
+    from rift_ada.cli.app import _check_writable, _progress, console
     from rift_ada.train.config import TrainConfig
     from rift_ada.train.losses import LossWeights
     from rift_ada.train.trainer import train as run_training
@@ -105,6 +105,9 @@ def train(
         )
     except ValueError as error:  # an option out of range: a usage error, before any model loads
         fail(error, code=2)
+    _check_writable(out / "train.json", "--out", root=out)
+    if targets_file is not None:
+        note_output(targets_file, "--targets")  # generated there when absent
     try:
         with _progress() as progress:
 
@@ -142,7 +145,7 @@ def train_eval(
 ) -> None:
     """AL before/after training (full KV, RIFT-stat, RIFT-dyn per budget) with paired-bootstrap CIs."""
     from rift_ada.cli._errors import fail
-    from rift_ada.cli.app import _progress, console
+    from rift_ada.cli.app import _check_writable, _progress, console
     from rift_ada.train.evaluate import EvalSettings, evaluate_runs
 
     try:
@@ -156,6 +159,7 @@ def train_eval(
         )
     except ValueError as error:  # an option out of range: a usage error, before any model loads
         fail(error, code=2)
+    _check_writable(out / "eval.json", "--out", root=out)
     try:
         with _progress() as progress:
             result = evaluate_runs(

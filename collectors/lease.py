@@ -11,14 +11,19 @@ normal exit).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from rift_ada.atomic import reporting_disk_full
 
 _ATTEMPTS = 40  # x _RETRY_S: how long an unrecorded holder (a reader, a starting writer) is waited for
 _RETRY_S = 0.05
@@ -68,11 +73,13 @@ class ShardLease:
         self.path, self._handle, self.holder, self.took_over = path, handle, holder, took_over
 
     @classmethod
-    def acquire(cls, directory: str | Path, name: str) -> ShardLease:
+    def acquire(cls, directory: str | Path, name: str, *, what: str | None = None) -> ShardLease:
+        """Take ``directory/<name>.lock``; ``what`` names the work in the refusal (default: ``shard <name>``)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.lock"
-        handle = open(path, "a+b")  # noqa: SIM115 - the handle lives as long as the lease
+        with reporting_disk_full(path):
+            directory.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+b")  # noqa: SIM115 - the handle lives as long as the lease
         for attempt in range(_ATTEMPTS):
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,21 +92,29 @@ class ShardLease:
                     time.sleep(_RETRY_S)
                     continue
                 handle.close()
-                raise LeaseHeldError(
-                    f"{path}: shard {name} is already being written by {describe_holder(holder)}; "
-                    "wait for that writer to finish (or stop it) - one writer per shard"
-                ) from None
+                if what is None:
+                    message = (f"{path}: shard {name} is already being written by {describe_holder(holder)}; "
+                               "wait for that writer to finish (or stop it) - one writer per shard")  # fmt: skip
+                else:
+                    message = (f"{path}: {what} is already running as {describe_holder(holder)}; "
+                               "wait for it to finish (or stop it) - one process per run directory")  # fmt: skip
+                raise LeaseHeldError(message) from None
         took_over = _read_holder(handle)
         holder = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         }
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(holder).encode("utf-8"))
-        handle.flush()
-        os.fsync(handle.fileno())
+        try:
+            with reporting_disk_full(path):
+                handle.seek(0)
+                handle.truncate()
+                handle.write(json.dumps(holder).encode("utf-8"))
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            handle.close()
+            raise
         return cls(path, handle, holder, took_over)
 
     @property
@@ -119,4 +134,22 @@ class ShardLease:
             self._handle.close()
 
 
-__all__ = ["LeaseHeldError", "ShardLease", "describe_holder", "read_lease"]
+@contextlib.contextmanager
+def run_lock(directory: str | Path, name: str, what: str) -> Iterator[ShardLease]:
+    """Hold ``directory/<name>.lock`` while the body runs: one ``what`` (e.g. ``rift-ada bench``) per run directory.
+
+    A second process is refused with a :class:`LeaseHeldError` naming the live one (host, pid). The
+    lock of a process that died (killed, preempted) is taken over, with a warning naming it."""
+    lease = ShardLease.acquire(directory, name, what=what)
+    if lease.took_over:
+        logging.getLogger("rift_ada").warning(
+            "%s: taking over from %s (it stopped without releasing the lock; its work is resumed)",
+            lease.path, describe_holder(lease.took_over),
+        )  # fmt: skip
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+__all__ = ["LeaseHeldError", "ShardLease", "describe_holder", "read_lease", "run_lock"]

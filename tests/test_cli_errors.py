@@ -232,4 +232,4 @@ def test_full_disk_during_a_command_is_one_line_naming_the_file(probe_dir, tmp_p
 
     monkeypatch.setattr(atomic, "atomic_write", disk_full)
     line = one_error_line(invoke(["evaluate", "--traces", probe_dir, "--out", target])[0])
-    assert line == f"error: {target}: no space left on device"
+    assert line == f"error: {target}: disk is full (no space left on device); set by --out"

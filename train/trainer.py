@@ -32,6 +32,7 @@ from rift_ada.atomic import (
     json_safe,
     reporting_disk_full,
 )
+from rift_ada.collectors.lease import run_lock
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
 from rift_ada.collectors.targets_io import read_targets
 from rift_ada.collectors.trace_io import package_versions
@@ -191,6 +192,18 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
     student.eval()
     _remove_stale_staging(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    try:
+        _save_model_into(models, student, staging, training)
+        atomic_publish_dir(staging, out_dir)  # the old model stays in place until the new one replaces it
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk: free what the half-saved model took
+        raise
+    return out_dir
+
+
+def _save_model_into(models: TrainingModels, student: Any, staging: Path, training: dict[str, Any]) -> None:
     with reporting_disk_full(staging):
         student.save_pretrained(staging)
         models.pair.tokenizer.save_pretrained(staging)
@@ -209,8 +222,6 @@ def save_trained_draft(models: TrainingModels, out_dir: Path, training: dict[str
         "training": training,
     }
     atomic_write_json(staging / TRAINED_DRAFT_FILE, json_safe(meta))
-    atomic_publish_dir(staging, out_dir)  # the old model stays in place until the new one replaces it
-    return out_dir
 
 
 def _remove_stale_staging(out_dir: Path) -> None:
@@ -290,7 +301,13 @@ def train(
 ) -> TrainResult:
     """Run (or resume) compressibility training into ``out_dir``; the trained draft lands in ``out_dir/model``."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(out_dir, "train", what=f"rift-ada train on {out_dir}"):  # one trainer per run directory
+        return _train(config, out_dir, targets=targets, pair=pair, on_step=on_step)
+
+
+def _train(
+    config: TrainConfig, out_dir: Path, *, targets: str | Path | None, pair: LoadedPair | None, on_step: StepFn | None
+) -> TrainResult:
     torch.manual_seed(config.seed)
     pair = pair or load_pair(config.model, device=config.device, dtype=config.dtype)
     data = prepare_samples(config, pair, out_dir, Path(targets) if targets else None)
