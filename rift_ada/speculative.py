@@ -108,46 +108,54 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def _forward(model: Any, tokens: list[int], cache: Any, start: int) -> torch.Tensor:
-    """Logits (n, vocab) of feeding ``tokens`` at positions start.. into ``cache``."""
+def _forward(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
+    """Logits (n, vocab) of feeding ``tokens`` at positions start.. into ``cache``; ``logits=False``:
+    only the cache is wanted, so only the last position's logits are computed (a prefill of n
+    tokens would otherwise materialise n × vocab floats: 1.5 GB for 1.5K tokens of Gemma3's 262K)."""
     device = next(model.parameters()).device
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(start, start + len(tokens), device=device)[None]
-    output = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True)
+    keep = {} if logits else {"logits_to_keep": 1}
+    output = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, **keep)
     return output.logits[0]
 
 
 def _forward_padded(
-    model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int], counts: list[int]
+    model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int], counts: list[int], logits: bool = True
 ) -> list[torch.Tensor]:
-    """One forward of right-padded per-row feeds; row i's first ``counts[i]`` tokens are real."""
+    """One forward of right-padded per-row feeds; row i's first ``counts[i]`` tokens are real
+    (``logits=False``: the cache only; the logits returned are not the rows' and must not be read)."""
     device = next(model.parameters()).device
     width = max(len(feed) for feed in feeds)
     ids = torch.tensor([feed + [feed[-1]] * (width - len(feed)) for feed in feeds], device=device)
     positions = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)[None]
     cache.set_counts(counts)
+    keep = {} if logits else {"logits_to_keep": 1}
     try:
-        logits = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+        output = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, **keep).logits
     finally:
         cache.set_counts(None)
-    return [logits[row, : counts[row]] for row in range(len(feeds))]
+    return [output[row, : counts[row]] for row in range(len(feeds))]
 
 
-def forward_rows(model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+def forward_rows(
+    model: Any, cache: BatchedCache, feeds: list[list[int]], starts: list[int], *, logits: bool = True
+) -> list[torch.Tensor]:
     """Per-row logits (n_i, vocab) of feeding row i ``feeds[i]`` at positions ``starts[i]``.. .
+    ``logits=False``: only the caches are updated (no vocabulary projection; the return is not logits).
 
     Ragged feeds are right-padded in one forward when every layer keeps per-row lengths; a model
     with recurrent layers runs one forward per distinct length and puts the other rows'
     recurrent states back (padding would run through a recurrent state)."""
     lengths = [len(feed) for feed in feeds]
     if len(set(lengths)) == 1 or not cache.has_recurrent_layers:
-        return _forward_padded(model, cache, feeds, starts, lengths)
+        return _forward_padded(model, cache, feeds, starts, lengths, logits)
     logits: list[torch.Tensor | None] = [None] * len(feeds)
     for length in sorted(set(lengths)):
         members = torch.tensor([n == length for n in lengths])
         saved = cache.recurrent_state()
         group_feeds = [feed if n == length else [feed[0]] * length for feed, n in zip(feeds, lengths, strict=True)]
-        out = _forward_padded(model, cache, group_feeds, starts, [length if m else 0 for m in members.tolist()])
+        out = _forward_padded(model, cache, group_feeds, starts, [length if m else 0 for m in members.tolist()], logits)
         cache.put_back_rows(saved, ~members)
         for row in range(len(feeds)):
             if members[row]:
@@ -223,13 +231,13 @@ def _start_row(
     """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
     prompt = request.prompt_ids
     draft_cache = row_cache(draft_model, request.policy)
-    _forward(draft_model, prompt[:-1], draft_cache, 0)
+    _forward(draft_model, prompt[:-1], draft_cache, 0, logits=False)
     draft_cache.query_summary()  # query summaries cover the output only
     if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
         target_cache = full_copy(draft_cache, target)
     else:
         target_cache = row_cache(target, FULL_POLICY)
-        _forward(target, prompt[:-1], target_cache, 0)
+        _forward(target, prompt[:-1], target_cache, 0, logits=False)
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
@@ -392,9 +400,9 @@ def _round(
                 layer.crop(start + len(kept) - layer.length)
     else:
         target_cache.restore(target_state)
-        forward_rows(target, target_cache, kept_feeds, starts)
+        forward_rows(target, target_cache, kept_feeds, starts, logits=False)
     draft_cache.restore(draft_state)
-    forward_rows(draft_model, draft_cache, kept_feeds, starts)
+    forward_rows(draft_model, draft_cache, kept_feeds, starts, logits=False)
 
     finished = []
     for index, row in enumerate(active):

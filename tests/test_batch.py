@@ -58,7 +58,7 @@ def _assert_same_as_alone(model, request: BatchRequest, got, label: str) -> None
     assert entropies == pytest.approx([value for r in alone.rounds for value in r.draft_entropies], abs=1e-4)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text"])
 def test_each_request_of_a_batch_equals_the_request_alone(architecture):
     model = tiny_model(architecture, seed=7)
     forced = _prompt(45, 20)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from gguf_tensors import read_gguf_tensors
 
 from rift_ada.collectors.datasets import encode_prompt
 from rift_ada.collectors.targets import generate_response
@@ -52,17 +53,6 @@ def test_embedded_smollm2_loads_and_answers():
     assert "Paris" in answer
 
 
-def gguf_tensors(path, names: list[str]) -> dict[str, torch.Tensor]:
-    """GGUF tensors de-quantised by the gguf package itself (independent of transformers' loader)."""
-    import gguf
-
-    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
-    return {
-        name: torch.from_numpy(gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type).copy()).float()
-        for name in names
-    }
-
-
 def test_converted_smollm2_is_a_faithful_checkpoint():
     """save_pretrained's layout: the tied embedding stored under the name every loader reads."""
     from safetensors import safe_open
@@ -74,7 +64,7 @@ def test_converted_smollm2_is_a_faithful_checkpoint():
     with safe_open(str(directory / "model.safetensors"), "pt") as stored:
         embedding = stored.get_tensor("model.embed_tokens.weight")
         value = stored.get_tensor("model.layers.3.self_attn.v_proj.weight")
-    expected = gguf_tensors(smollm2_gguf_path(), ["token_embd.weight", "blk.3.attn_v.weight"])
+    expected = read_gguf_tensors(smollm2_gguf_path(), ["token_embd.weight", "blk.3.attn_v.weight"])
     assert torch.equal(embedding, expected["token_embd.weight"])
     assert torch.equal(value, expected["blk.3.attn_v.weight"])
 

@@ -48,7 +48,7 @@ def _assert_same(got, alone, exact: bool, label: str) -> None:
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"{label} {name}")
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_each_request_of_a_batch_gets_what_it_gets_alone(architecture: str, temperature: float):
     """Batches of 3 and of all 5 requests (so requests leave and others join mid-run) against each

@@ -26,7 +26,7 @@ def _greedy(model, prompt, n_tokens):
     return out
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "gpt_oss", "nemotron_h"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "gpt_oss", "nemotron_h", "gemma3_text"])
 def test_t0_output_equals_target_greedy_for_every_policy(architecture):
     model = tiny_model(architecture, seed=11)
     prompt = torch.randint(0, VOCAB, (50,), generator=torch.Generator().manual_seed(3)).tolist()

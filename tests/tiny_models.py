@@ -15,7 +15,7 @@ _COMMON = dict(
     num_key_value_heads=2,
     head_dim=16,
 )
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "gpt_oss", "nemotron_h")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "gpt_oss", "nemotron_h", "gemma3_text")
 
 
 _CONFIGS: dict[str, tuple[type, dict]] = {
@@ -34,6 +34,22 @@ _CONFIGS: dict[str, tuple[type, dict]] = {
     "gpt_oss": (
         transformers.GptOssConfig,
         {**_COMMON, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8},
+    ),
+    # Gemma3's differences, all kept: sliding and full layers with their own RoPE bases, q/k norms
+    # (weights randomised in `tiny_model`), query_pre_attn_scalar != head_dim, one KV head, tied embeddings.
+    "gemma3_text": (
+        transformers.Gemma3TextConfig,
+        {
+            **_COMMON,
+            "num_key_value_heads": 1,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 24,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
     ),
     "nemotron_h": (
         transformers.NemotronHConfig,
@@ -67,4 +83,9 @@ def tiny_model(architecture: str, seed: int = 0) -> torch.nn.Module:
     # Sharpen the random model so greedy choices are not near-ties.
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)
+        if architecture == "gemma3_text":  # Gemma's norms scale by (1 + w), w = 0 at init: give them weights
+            generator = torch.Generator().manual_seed(seed)
+            for name, parameter in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
     return model.eval()
