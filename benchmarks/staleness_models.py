@@ -13,7 +13,8 @@ the two findings: does SWA overtake SnapKV late in the output, and how much refr
 
 ``--results`` rewrites the section between ``<!-- staleness-models:begin -->`` and
 ``<!-- staleness-models:end -->`` (appended if absent) and writes its plots next to the page.
-``--from-json`` re-renders the section from a finished run without models.
+Each model's figures go to ``--out/<model>.json`` (models may run as separate processes, one
+``--models`` each); ``--from-json`` renders the section from those files without models.
 """
 
 from __future__ import annotations
@@ -179,7 +180,10 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
         BEGIN,
         "## Staleness on both embedded models (SmolLM2-135M full attention, Gemma3-270M hybrid)",
         "",
-        f"- Command: `{settings['command']}` at commit `{settings['commit']}`",
+        *[
+            f"- Command: `{run['command']}` at commit `{run['commit']}` ({run['seconds']:.0f} s)"
+            for run in data["runs"]
+        ],
         f"- {settings['requests']} embedded prompts per model (ISL bucket {settings['isl']}, each model's own "
         f"tokenizer), {settings['tokens']} output tokens, K = {settings['draft_length']}, teacher-forced closed "
         f"loop (the target's own response), B = {settings['budget_share']:g} × ISL per request (matched "
@@ -189,7 +193,7 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
         "(mean over full-attention layers and heads), after each round. Looping: seq-rep-4 ≥ 0.5 "
         "(collectors/loops.py); looping requests are listed and left out of the tables below (all-request "
         "figures in the JSON).",
-        f"- Wall time: {settings['seconds']:.0f} s on the shared 2-core machine.",
+        "- Wall times are on the shared 2-core machine (other sessions' work running beside it).",
         "",
     ]
     figure, axes = plt.subplots(2, 2, figsize=(11, 7), squeeze=False)
@@ -299,15 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/staleness-models"))
     parser.add_argument("--results", type=Path, default=None, help="markdown page to (re)write the section in")
-    parser.add_argument("--from-json", action="store_true", help="render --out/staleness.json without models")
+    parser.add_argument("--from-json", action="store_true", help="render --out/<model>.json without models")
     args = parser.parse_args(argv)
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.deltas = [int(d) for d in args.deltas.split(",") if d]
     args.rhos = [float(r) for r in args.rhos.split(",") if r]
-    result_file = args.out / "staleness.json"
-    if args.from_json:
-        data = json.loads(result_file.read_text())
-    else:
+    models = args.models.split(",")
+    if not args.from_json:  # one JSON per model (models can run as separate processes), then one section
         import subprocess
 
         import torch
@@ -315,16 +317,21 @@ def main(argv: list[str] | None = None) -> int:
         from rift_ada.calibrate.export import atomic_write_json
 
         torch.set_num_threads(1)
-        started = time.time()
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout
-        data = {"settings": {**{k: v for k, v in vars(args).items() if k not in ("out", "results", "from_json")},
-                             "command": " ".join(["benchmarks/staleness_models.py", *(argv or sys.argv[1:])]),
-                             "commit": commit.strip()}, "models": []}  # fmt: skip
-        for model in args.models.split(","):
-            data["models"].append(run_model(model, args))
-        data["settings"]["seconds"] = time.time() - started
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(result_file, data)
+        settings = {k: v for k, v in vars(args).items() if k not in ("out", "results", "from_json", "models")}
+        for model in models:
+            started = time.time()
+            command = " ".join(["benchmarks/staleness_models.py", *(argv or sys.argv[1:])])
+            data = {
+                "settings": {**settings, "command": command, "commit": commit.strip()},
+                "model": run_model(model, args),
+            }
+            data["settings"]["seconds"] = time.time() - started
+            atomic_write_json(args.out / f"{model}.json", data)
+    files = [json.loads((args.out / f"{model}.json").read_text()) for model in models]
+    data = {"settings": files[0]["settings"], "models": [file["model"] for file in files],
+            "runs": [{"command": f["settings"]["command"], "commit": f["settings"]["commit"],
+                      "seconds": f["settings"]["seconds"]} for f in files]}  # fmt: skip
     if args.results is not None:
         page = args.results
         write_section(page, render(data, page.parent / "results", page.parent))

@@ -26,7 +26,7 @@ from rift_ada.budget import make_policy
 from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
 from rift_ada.collectors.targets import generate_response
 from rift_ada.models import load_model, resolve_preset
-from rift_ada.speculative import speculative_generate
+from rift_ada.speculative import BatchRequest, speculative_generate_batch
 
 SINKS = 4
 
@@ -100,21 +100,23 @@ def main() -> None:
     for request in dataset:
         prompt = encode_prompt(tokenizer, request.prompt_messages)
         response = generate_response(model, prompt, max_new_tokens=args.tokens)
-        for name in args.policies.split(","):
-            started = time.time()
-            policy = make_policy(name, budget=args.budget)
-            loop = speculative_generate(
-                model, prompt, policy=policy, forced_tokens=response, draft_length=args.draft_length
-            )
+        names = args.policies.split(",")
+        started = time.time()
+        loops = speculative_generate_batch(  # the policies as rows of one batch (each = the request alone, tested)
+            model,
+            [BatchRequest(prompt, make_policy(name, budget=args.budget), forced_tokens=response) for name in names],
+            draft_length=args.draft_length,
+        )
+        for name, loop in zip(names, loops, strict=True):
             predicted = dense_greedy(model, prompt + response, len(prompt) - 1, band(name, args.budget))
             matches = [int(a) == int(b) for a, b in zip(predicted, response, strict=False)]
             reference = len(response) / rounds_from_matches(matches, args.draft_length)
             gap = loop.acceptance_length / reference - 1
             worst = max(worst, abs(gap))
             row = {
-                "request": request.request_id, "isl": len(prompt), "policy": name, "budget": args.budget,
-                "loop_al": round(loop.acceptance_length, 3), "dense_al": round(reference, 3),
-                "gap": round(gap, 4), "seconds": round(time.time() - started, 1),
+                "request": request.request_id, "isl": len(prompt), "osl": len(response), "policy": name,
+                "budget": args.budget, "draft_length": args.draft_length, "loop_al": round(loop.acceptance_length, 3),
+                "dense_al": round(reference, 3), "gap": round(gap, 4), "seconds": round(time.time() - started, 1),
             }  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
