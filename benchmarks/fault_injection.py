@@ -315,11 +315,11 @@ TRAIN = ["--dataset", "embedded", "--n-requests", "6", "--isl-buckets", "256", "
          "--checkpoint-every", "1"]  # fmt: skip
 
 
-def make_stages(work: Path, quick: bool) -> tuple[dict[str, Stage], dict]:
+def make_stages(work: Path, quick: bool, model: Path | None = None) -> tuple[dict[str, Stage], dict]:
     from rift_ada.collectors.synthetic import synthetic_traces
     from rift_ada.collectors.trace_io import write_probe_traces
 
-    model = tiny_model(work / "model")
+    model = model or tiny_model(work / "model")
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(PROMPTS)))
     n_prompts, tokens = ("2", "16") if quick else ("6", "64")
@@ -344,7 +344,7 @@ def make_stages(work: Path, quick: bool) -> tuple[dict[str, Stage], dict]:
         "collect": Stage(
             "collect",
             lambda out: ["collect", *data, "--budget", "64", "--arm-ages", "0,16,32", "--targets", str(targets),
-                         "--out", str(out / "traces")],  # fmt: skip
+                         "--max-new-tokens", tokens, "--out", str(out / "traces")],  # fmt: skip
             compare_collect,
         ),
         "calibrate": Stage(
@@ -468,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=STAGES, action="append", help="stage(s) to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="targets only, 1 preempted + 1 full-disk run (a test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--model", type=Path, default=None, help="a local model directory (default: a tiny llama)")
     args = parser.parse_args(argv)
     if args.quick:
         args.only, args.runs, args.disk_runs = ["targets"], 1, 1
@@ -477,12 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rift-ada-faults-") as folder:
         work = Path(folder)
-        stages, inputs = make_stages(work, args.quick)
+        stages, inputs = make_stages(work, args.quick, args.model)
         prepare_inputs(set(chosen), inputs)
         for name in chosen:
             began = time.monotonic()
             tally = trial(stages[name], work, args.runs, args.disk_runs, args.grace, rng)
             results[name] = asdict(tally) | {"wall_s": round(time.monotonic() - began, 1)}
+            if args.json is not None:  # after every stage: a long run's finished stages are kept
+                args.json.write_text(json.dumps({"seed": args.seed, "stages": results}, indent=2) + "\n")
     summary = {"seed": args.seed, "grace_s": args.grace, "wall_s": round(time.monotonic() - started, 1),
                "stages": results}  # fmt: skip
     print(json.dumps(summary, indent=2))

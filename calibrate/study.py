@@ -455,7 +455,7 @@ def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None 
         raise CalibrationError(f"workers must be at least 1, got {workers}")
     if task.n_trials < 0:
         raise CalibrationError(f"trials must be non-negative, got {task.n_trials}")
-    with reporting_disk_full(storage_file(task.storage) or "storage " + task.storage):
+    with reporting_disk_full(storage_file(task.storage) or _shown_url(task.storage)):
         return _run_study(task, workers=workers, progress=progress)
 
 
@@ -467,6 +467,14 @@ def storage_file(storage: str) -> str | None:
         path = storage[len("journal:") :] if storage.startswith("journal:") else storage
         return path[2:] if path.startswith("//") else path
     return None
+
+
+def _shown_url(url: str) -> str:
+    """A server storage's URL without its password (what a full-disk error names)."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL (redis://...): drop any credentials before the host
+        return url.split("://", 1)[0] + "://" + url.rsplit("@", 1)[-1].split("://")[-1]
 
 
 def _run_study(task: StudyTask, *, workers: int, progress: ProgressFn | None) -> optuna.Study:
