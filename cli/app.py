@@ -561,6 +561,35 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _check_signals(signals: str | None) -> tuple[str, ...] | None:
+    """``--signals a,b``: a non-empty subset of the controller's signal names, refused before any work."""
+    if signals is None:
+        return None
+    from rift_ada.controller import SIGNAL_NAMES
+
+    names = tuple(name.strip() for name in signals.split(",") if name.strip())
+    unknown = [name for name in names if name not in SIGNAL_NAMES]
+    if unknown or not names:
+        bad_option("--signals", f"unknown signal(s) {unknown or [signals]}; choose from {', '.join(SIGNAL_NAMES)}")
+    if len(set(names)) != len(names):
+        bad_option("--signals", f"a signal is named twice in {signals!r}")
+    return names
+
+
+def _check_block_size(block_size: int | None, manifest: dict[str, Any], traces: Path) -> None:
+    """A controller's selection granularity is the one its traces were collected with: check it matches."""
+    if block_size is None:
+        return
+    collected = (manifest.get("cache") or {}).get("block_size")
+    if collected != block_size:
+        shown = "position level (block_size null)" if collected is None else f"block_size {collected}"
+        bad_option(
+            "--block-size",
+            f"the traces {traces} were collected at {shown}; collect them with `rift-ada collect --block-size "
+            f"{block_size}` for a controller at the engine's page size",
+        )
+
+
 @app.command()
 def calibrate(
     model: ModelOption,
@@ -606,9 +635,25 @@ def calibrate(
             "teacher forcing every policy on the target responses (same law, paired texts)."
         ),
     ] = False,
+    signals: Annotated[
+        str | None,
+        typer.Option(
+            help="Signals the search may use, comma separated (default: all the traces carry), e.g. "
+            "acceptance,entropy,acceptance_drop,entropy_rise for an engine without query summaries."
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The engine's KV page size (vLLM --block-size, SGLang --page-size, TRT-LLM tokens_per_block): "
+            "refused unless the traces were collected with it (`collect --block-size`).",
+        ),
+    ] = None,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     preset = _check_model(model)
+    chosen_signals = _check_signals(signals)
     if free_running and confirm != "closed":
         bad_option("--free-running", "only applies with --confirm closed")
     if free_running and temp <= 0:
@@ -631,6 +676,7 @@ def calibrate(
         check_traces_match(manifest, preset.draft, preset.target_name, temp)
     except ValueError as error:
         bad_option("--traces", str(error))
+    _check_block_size(block_size, manifest, traces)
     _check_writable(controller_out, controller_option)
     _check_writable(out / "report.md", "--out", root=out)
     if storage is not None:
@@ -664,6 +710,7 @@ def calibrate(
             progress=progress.stage_callback(),
             log=progress.log,
             margin=margin,
+            signals=chosen_signals,
         )
         if confirm == "closed":
             from rift_ada.calibrate.confirm import confirm_closed_from_traces

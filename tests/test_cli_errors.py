@@ -111,6 +111,10 @@ BAD_OPTIONS = [
     (["calibrate", "-m", "smollm2-135m", "-t", "1", "--free-running"], "--free-running"),  # without --confirm closed
     (["calibrate", "-m", "smollm2-135m", "-t", "0", "--confirm", "closed", "--free-running"], "--free-running"),
     (["evaluate", "--traces", "/no/such/traces"], "--traces"),
+    (["calibrate", "-m", "smollm2-135m", "-t", "0", "--signals", "acceptance,qurey_drift"], "--signals"),
+    (["calibrate", "-m", "smollm2-135m", "-t", "0", "--signals", ","], "--signals"),
+    (["calibrate", "-m", "smollm2-135m", "-t", "0", "--signals", "entropy,entropy"], "--signals"),
+    (["calibrate", "-m", "smollm2-135m", "-t", "0", "--block-size", "0"], "--block-size"),
 ]
 
 
@@ -126,6 +130,9 @@ def test_trace_directory_options_are_checked(probe_dir, model_dir, tmp_path):
     other_temperature = ["calibrate", "-m", model_dir, "-t", "1", "--traces", probe_dir, "--out", tmp_path / "run"]
     assert_usage_error(other_temperature, "--traces")
     assert not (tmp_path / "run" / "study.db").exists()
+    paged = ["calibrate", "-m", model_dir, "-t", "0", "--traces", probe_dir, "--out", tmp_path / "run"]
+    assert_usage_error([*paged, "--block-size", "16"], "--block-size")  # traces at position level
+    assert not (tmp_path / "run").exists()
 
 
 def one_error_line(result) -> str:

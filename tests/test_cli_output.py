@@ -115,3 +115,16 @@ def test_bars_on_a_terminal():
         progress.stage_callback()("study", 5, None)
     shown = buffer.getvalue()
     assert "collect [probe]" in shown and "2/2" in shown
+
+
+def test_calibrate_signals_subset_for_an_engine_without_query_summaries(probe_dir, model_dir, tmp_path):  # noqa: F811
+    from rift_ada.controller import Controller
+
+    controller = tmp_path / "controller.json"
+    arguments = ["calibrate", "-m", model_dir, "-t", "0", "--traces", probe_dir, "--out", tmp_path / "run",
+                 "--controller", controller, "--trials", "6", "--json", "--signals", "acceptance, entropy"]  # fmt: skip
+    result, _ = invoke(arguments)
+    assert result.exit_code == 0, result.output
+    assert set(Controller.load(controller).signals_used) <= {"acceptance", "entropy"}
+    calibration = json.loads((tmp_path / "run" / "calibration.json").read_text())
+    assert calibration["signals"] == ["acceptance", "entropy"]
