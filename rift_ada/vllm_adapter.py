@@ -36,9 +36,28 @@ from rift_ada.batch import BatchSessions
 from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.cache import BudgetedCache, make_draft_cache
 from rift_ada.controller import Controller
-from rift_ada.speculative import RoundRecord, _entropy, _forward
+from rift_ada.hooks import ControllerRefresh
+from rift_ada.speculative import (
+    BatchRequest,
+    RoundRecord,
+    SpeculativeResult,
+    forward_tokens,
+    speculative_generate_batch,
+    token_entropy,
+)
 
-__all__ = ["RiftDraftProposer"]
+__all__ = ["RiftDraftProposer", "engine_placement", "loop_reference"]
+
+
+def engine_placement(vllm_config: Any) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype vLLM runs the target on (``device_config.device``, ``model_config.dtype``),
+    so the draft runs beside it: a CPU engine drafts on the CPU, a GPU engine on its GPU."""
+    config = getattr(vllm_config, "device_config", None)
+    device = getattr(config, "device", None) or "cpu"
+    if device == "auto":  # resolved by vLLM into device_type
+        device = getattr(config, "device_type", None) or "cpu"
+    dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    return torch.device(device), dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
 @dataclass
@@ -72,7 +91,8 @@ class RiftDraftProposer:
             from transformers import AutoModelForCausalLM
 
             path = os.environ.get("RIFT_ADA_DRAFT") or vllm_config.model_config.model
-            draft_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            device, dtype = engine_placement(vllm_config)
+            draft_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         self.draft = draft_model
         controller_path = os.environ.get("RIFT_ADA_CONTROLLER")
         self.controller = Controller.load(controller_path) if controller_path else None
@@ -131,7 +151,7 @@ class RiftDraftProposer:
     def _start(self, tokens: list[int]) -> _Request:
         """A request the draft has not seen: prefill all committed tokens but the last."""
         cache = make_draft_cache(self.draft, self.policy)
-        _forward(self.draft, tokens[:-1], cache, 0)
+        forward_tokens(self.draft, tokens[:-1], cache, 0)
         cache.query_summary()  # query summaries cover the output only
         state = _Request(self._next_id, cache, list(tokens), len(tokens) - 1, len(tokens) - 1)
         self._next_id += 1
@@ -147,7 +167,7 @@ class RiftDraftProposer:
         pending = state.tokens[state.cache_length :]
         kept = pending + sampled[:accepted]
         state.cache.restore(state.snapshot)
-        _forward(self.draft, kept, state.cache, state.cache_length)
+        forward_tokens(self.draft, kept, state.cache, state.cache_length)
         state.cache_length += len(kept)
         position = len(state.tokens) - state.prompt_length
         state.rounds.append(RoundRecord(len(state.rounds), position, accepted, state.entropies))
@@ -200,9 +220,9 @@ class RiftDraftProposer:
         feed, position = state.tokens[state.cache_length :], state.cache_length
         drafted, entropies = [], []
         for _ in range(self.k):
-            logits = _forward(self.draft, feed, state.cache, position)[-1]
+            logits = forward_tokens(self.draft, feed, state.cache, position)[-1]
             position += len(feed)
-            entropies.append(float(_entropy(logits, 0.0)))
+            entropies.append(float(token_entropy(logits, 0.0)))
             token = int(logits.argmax())
             drafted.append(token)
             feed = [token]
@@ -215,3 +235,39 @@ class RiftDraftProposer:
         """Every request state, live and dropped (for checks and tests)."""
         live = [state for states in self._states.values() for state in states]
         return self.finished + live
+
+
+class _AfterFirstToken(ControllerRefresh):
+    """A controller hook for rift-ada's loop started after the engine's prefill token, which counts
+    committed tokens as the proposer does (the prefill's token included)."""
+
+    def __call__(self, record: RoundRecord, n_committed: int, cache: BudgetedCache) -> bool:
+        return super().__call__(record, n_committed + 1, cache)
+
+
+def loop_reference(
+    draft_model: torch.nn.Module,
+    prompts: list[list[int]],
+    first_tokens: list[int],
+    max_tokens: int,
+    *,
+    policy: CachePolicy,
+    controller: Controller | None,
+    draft_length: int,
+) -> list[SpeculativeResult]:
+    """rift-ada's own loop (KV self-speculation, T = 0) on the requests an engine ran through the proposer.
+
+    The engine's prefill emits the first output token without drafting, so each request starts from
+    its prompt plus that token, with ``max_tokens - 1`` to go and the controller counting that token:
+    the draft cache then starts where the proposer's does, and rounds, accepted lengths and refreshes
+    compare one to one with the proposer's (`RiftDraftProposer.all_requests`)."""
+    requests = [
+        BatchRequest(
+            [*prompt, int(first)],
+            policy,
+            max_new_tokens=max_tokens - 1,
+            refresh_hook=None if controller is None else _AfterFirstToken(controller),
+        )
+        for prompt, first in zip(prompts, first_tokens, strict=True)
+    ]
+    return speculative_generate_batch(draft_model, requests, draft_length=draft_length)
