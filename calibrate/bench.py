@@ -366,9 +366,10 @@ def _signal_summary(calibration: dict[str, Any], controller: dict[str, Any]) -> 
 
 def _calibrated(
     folder: Path, probe_dir: Path, traces: Any, *, name: str, pair: Any, size: BenchSize, temperature: float,
-    budget: int, seed: int, stages: _Stages, tag: str,
+    budget: int, seed: int, stages: _Stages, tag: str, signals: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], Path]:  # fmt: skip
-    """Calibrate into ``folder`` (from scratch: a half-done study would not resume to the same trials)."""
+    """Calibrate into ``folder`` (from scratch: a half-done study would not resume to the same trials);
+    ``signals`` restricts the search (default: all the traces carry)."""
     from rift_ada.collectors.trace_io import manifest_hash
 
     if folder.exists():
@@ -394,6 +395,7 @@ def _calibrated(
         log=None,
         cache={"budget": budget},
         schedule={"max_age": size.max_age},
+        signals=signals,
     )
     stages.timed(f"{tag} calibrate", time.monotonic() - started)
     return result.calibration, result.controller, result.controller_path
@@ -416,6 +418,21 @@ def target_workload(
     }
 
 
+def cell_settings(pair: Any, size: BenchSize, *, temperature: float, budget: int, seed: int, dataset: str) -> Any:
+    """The collection settings of one (temperature, budget) cell (probe and closed loop alike)."""
+    from rift_ada.collectors.collect import CollectSettings
+
+    return CollectSettings(
+        draft=pair.preset.draft,
+        target=pair.preset.target_name,
+        temperature=temperature,
+        seed=seed,
+        budget=budget,
+        arm_ages=size.arm_ages,
+        dataset=dataset,
+    )
+
+
 def run_cell(
     pair: Any,
     requests: Sequence[Any],
@@ -434,7 +451,7 @@ def run_cell(
 
     ``targets_manifest``: the targets' provenance (`targets_provenance`: how responses end, ...) for the
     probe manifest."""
-    from rift_ada.collectors.collect import CollectSettings, closed_results
+    from rift_ada.collectors.collect import closed_results
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
 
@@ -446,15 +463,7 @@ def run_cell(
         if same_cell(done.get("fingerprint"), fingerprint):
             stages.progress(f"{tag}: done earlier", 1, 1)
             return done
-    settings = CollectSettings(
-        draft=pair.preset.draft,
-        target=pair.preset.target_name,
-        temperature=temperature,
-        seed=seed,
-        budget=budget,
-        arm_ages=size.arm_ages,
-        dataset=dataset,
-    )
+    settings = cell_settings(pair, size, temperature=temperature, budget=budget, seed=seed, dataset=dataset)
     started = time.monotonic()
     run_collection(
         pair,
@@ -641,10 +650,14 @@ def run_bench(
     dtype: str | None = None,
     progress: Progress | None = None,
     command: str | None = None,
+    engine_controllers: bool = False,
 ) -> dict[str, Any]:
     """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``.
 
-    A second run on the same ``out_dir`` while this one lives is refused (``LeaseHeldError``)."""
+    A second run on the same ``out_dir`` while this one lives is refused (``LeaseHeldError``).
+    ``engine_controllers``: per cell whose best controller reads ``query_drift``, also calibrate and
+    confirm one without it (:mod:`rift_ada.calibrate.engine_controller`), kept as the cell's
+    ``engine_controller``."""
     from rift_ada.collectors.lease import run_lock
 
     settings_size = bench_size(size) if isinstance(size, str) else size
@@ -653,12 +666,12 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out, "bench", what=f"rift-ada bench on {out}"):  # one process per run directory
         return _run_bench(out, settings_size, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
-                          progress=progress, command=command)  # fmt: skip
+                          progress=progress, command=command, engine_controllers=engine_controllers)  # fmt: skip
 
 
 def _run_bench(
     out: Path, settings_size: BenchSize, *, model: str, seed: int, dataset: str, device: str, dtype: str | None,
-    progress: Progress | None, command: str | None,
+    progress: Progress | None, command: str | None, engine_controllers: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
     from rift_ada.collectors.targets_io import targets_provenance
@@ -703,6 +716,13 @@ def _run_bench(
                 pair, cell_requests, cell_targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
                 budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
             )  # fmt: skip
+            if engine_controllers:
+                from rift_ada.calibrate.engine_controller import engine_controller
+
+                cell["engine_controller"] = engine_controller(
+                    pair, cell_requests, cell_targets, folder / f"B{budget}", cell, size=settings_size, seed=seed,
+                    dataset=dataset, stages=stages,
+                )  # fmt: skip
             cells[cell["tag"]] = cell
             controllers[cell["tag"]] = cell["controller_path"]
     summary = {
@@ -733,21 +753,34 @@ def _run_bench(
 
 
 def export_controllers(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """Copy every cell's calibrated controller (closed-loop provenance included) to ``out_dir/<name>.json``."""
+    """Copy every cell's calibrated controller (closed-loop provenance included) to ``out_dir/<name>.json``,
+    and beside it the cell's engine controller (no ``query_drift``) where the bench made one."""
+    from rift_ada.calibrate.engine_controller import needs_engine_controller
     from rift_ada.calibrate.export import export_controller
 
     folder = Path(out_dir)
     written = []
     for cell in summary["cells"].values():
-        controller = json.loads(Path(cell["controller_path"]).read_text(encoding="utf-8"))
-        controller.setdefault("calibration", {})["benchmark"] = {
-            "command": summary.get("command"),
-            "cell": cell["tag"],
-            "requests": summary["n_requests"],
-            "output_tokens": summary["size"]["output_tokens"],
-            "confirmation_requests": len(cell["confirmation_ids"]),
-            "gain": bool(cell["confirmation"]["verdict"]["gain"]),
-            "verdict": cell["confirmation"]["verdict"]["text"],
-        }
-        written.append(export_controller(controller, folder / f"{controller['name']}.json"))
+        engine = cell.get("engine_controller") or {}
+        entries = [(cell, "best")]
+        if engine and not engine.get("same_as_best"):
+            entries.append((engine, "engine"))
+        for source, role in entries:
+            path, confirmation, n_confirmation = (
+                source["controller_path"], source["confirmation"], len(source["confirmation_ids"])
+            )  # fmt: skip
+            controller = json.loads(Path(path).read_text(encoding="utf-8"))
+            controller.setdefault("calibration", {})["benchmark"] = {
+                "command": summary.get("command"),
+                "cell": cell["tag"],
+                "role": role,
+                "engine_feedable": not needs_engine_controller(controller),  # reads no query_drift
+                "requests": summary["n_requests"],
+                "output_tokens": summary["size"]["output_tokens"],
+                "confirmation_requests": n_confirmation,
+                "gain": bool(confirmation["verdict"]["gain"]),
+                "verdict": confirmation["verdict"]["text"],
+                "comparisons": confirmation["comparisons"],
+            }
+            written.append(export_controller(controller, folder / f"{controller['name']}.json"))
     return written

@@ -619,6 +619,7 @@ def calibrate(
             "search_space": space.fingerprint(),
         },
         "replay": _replay_sampling(traces, seed, search_replicas, confirm_replicas),
+        "signals": list(selected_signals),  # what the search could use (an engine feeds these)
         "reference": reference_label,
         "chosen_trial": {
             "number": chosen.number,

@@ -67,7 +67,11 @@ def bench(
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
     results: Annotated[Path | None, typer.Option(help="Also write this results page (e.g. docs/results.md).")] = None,
     export_controllers: Annotated[
-        Path | None, typer.Option(help="Copy each cell's calibrated controller here (e.g. data/controllers).")
+        Path | None,
+        typer.Option(
+            help="Copy each cell's calibrated controller here (e.g. data/controllers); where it reads query_drift, "
+            "also calibrate, confirm and copy one without it (<name>-engine.json, for engines)."
+        ),
     ] = None,
 ) -> None:
     """The benchmark: per temperature and budget, calibrate, confirm in the closed loop, compare with the oracle."""
@@ -120,6 +124,7 @@ def bench(
             outcome = run_bench(
                 out, size=chosen, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
                 progress=progress.stage_callback(), command=command,
+                engine_controllers=export_controllers is not None,
             )  # fmt: skip
     except (ValueError, OSError) as error:
         fail(error)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from rift_ada.calibrate.bench import BENCH_SIZES, bench_size, run_bench
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.cli.app import app
+from rift_ada.controller import SIGNAL_NAMES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -87,12 +88,26 @@ def test_results_page_and_exported_controllers(bench_dir):
     assert (bench_dir.parent / "docs" / "results" / "staleness_T0_B96.png").stat().st_size > 1000
     summary = json.loads((bench_dir / "bench.json").read_text())
     exported = sorted((bench_dir.parent / "controllers").glob("*.json"))
-    assert len(exported) == len(summary["cells"])
+    engines = [cell["engine_controller"] for cell in summary["cells"].values()]
+    assert len(exported) == len(summary["cells"]) + sum(not engine["same_as_best"] for engine in engines)
     for path in exported:
         controller = json.loads(path.read_text())
         Controller.from_dict(controller)  # valid v1 controller
         assert controller["calibration"]["confirmation"]["source"] == "closed loop"
-        assert controller["calibration"]["benchmark"]["cell"] in summary["cells"]
+        benchmark = controller["calibration"]["benchmark"]
+        assert benchmark["cell"] in summary["cells"] and benchmark["comparisons"]
+        cell = summary["cells"][benchmark["cell"]]
+        engine = cell["engine_controller"]
+        reads_drift = "query_drift" in Controller.from_dict(controller).signals_used
+        assert benchmark["engine_feedable"] is not reads_drift
+        if benchmark["role"] == "engine":  # beside a best controller that reads query_drift
+            assert not reads_drift and controller["name"] == engine["controller_name"]
+            assert controller["calibration"]["signals"] == [s for s in SIGNAL_NAMES if s != "query_drift"]
+            assert engine["confirmation_ids"] == cell["confirmation_ids"]  # the same held-out requests
+            assert benchmark["verdict"] == engine["confirmation"]["verdict"]["text"]
+        else:
+            assert controller["name"] == cell["controller_name"]
+            assert engine["same_as_best"] is not reads_drift
 
 
 class _Interrupt(Exception):
@@ -123,6 +138,7 @@ def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir,
             cell.pop("timings")
             cell.pop("controller_path")
             cell["confirmation"].pop("run_dir")
+            cell.pop("engine_controller", None)  # made for --export-controllers only (the CLI run)
     assert resumed == whole
 
 
