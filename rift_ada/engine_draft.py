@@ -102,7 +102,7 @@ class EngineDraft:
             raise ValueError(f"request {key!r} already has a draft state")
         tokens = [int(t) for t in tokens]
         cache = make_draft_cache(self.draft_model, self.policy)
-        forward_tokens(self.draft_model, tokens[:-1], cache, 0)
+        forward_tokens(self.draft_model, tokens[:-1], cache, 0, logits=False)
         cache.query_summary()  # query summaries cover the output only
         state = DraftRequest(key, cache, tokens, int(prompt_length), len(tokens) - 1)
         self.live[key] = state
@@ -119,7 +119,7 @@ class EngineDraft:
             raise RuntimeError(f"request {state.key!r}: the engine accepted tokens this draft did not propose")
         kept = state.tokens[state.cache_length :] + committed[:accepted]
         state.cache.restore(state.snapshot)
-        forward_tokens(self.draft_model, kept, state.cache, state.cache_length)
+        forward_tokens(self.draft_model, kept, state.cache, state.cache_length, logits=False)
         state.cache_length += len(kept)
         position = state.n_committed
         state.rounds.append(RoundRecord(len(state.rounds), position, accepted, state.entropies))
