@@ -29,7 +29,8 @@ import numpy as np
 
 from rift_ada.atomic import atomic_write_json, json_safe
 from rift_ada.calibrate.bench_report import write_bench_report
-from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
+from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed, curve_intervals
+from rift_ada.calibrate.curve import preregister
 from rift_ada.calibrate.evaluation import evaluate_run
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
@@ -84,6 +85,13 @@ class BenchSize:
     loop_ngram: int = 4
     loop_threshold: float = 0.3
     loop_rule: str = "keep"
+    # Confirmation-only requests added to the split's (closed loop only: never probed, never calibrated on).
+    # Raising it extends a finished run: every finished stage is read back, only the new requests run.
+    confirm_extra: int = 0
+    # Operating point: the largest AL gain over the selection split's periodic curve; trials within this
+    # margin (AL) of the best count as tied and the fewest-refresh one is taken (the winner's curse).
+    selection_margin: float = 0.02
+    n_resamples: int = 4999  # the curve's paired bootstrap
 
     def check(self) -> None:
         """Refuse an inconsistent size before any model loads (errors name the field)."""
@@ -114,6 +122,12 @@ class BenchSize:
             problems.append(f"table_requests: must be >= 0 (0: no Table 1 methods) or None, got {self.table_requests}")
         if self.batch_size < 1:
             problems.append(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.confirm_extra < 0:
+            problems.append(f"confirm_extra: must be >= 0, got {self.confirm_extra}")
+        if self.selection_margin < 0:
+            problems.append(f"selection_margin: must be >= 0, got {self.selection_margin}")
+        if self.n_resamples < 100:
+            problems.append(f"n_resamples: need >= 100, got {self.n_resamples}")
         if self.min_isl > self.max_isl:
             problems.append(f"min_isl ({self.min_isl}) > max_isl ({self.max_isl})")
         try:
@@ -195,23 +209,34 @@ class _Stages:
 
 def select_requests(requests: Sequence[Any], size: BenchSize) -> list[Any]:
     """``size.n_requests`` requests with ISL in [min_isl, max_isl], spread over the dataset's categories."""
+    return select_all_requests(requests, size)[0]
+
+
+def select_all_requests(requests: Sequence[Any], size: BenchSize) -> tuple[list[Any], list[Any]]:
+    """The run's requests and its ``confirm_extra`` confirmation-only ones (disjoint; raising ``confirm_extra``
+    keeps the earlier extra requests, since the spread takes them in a fixed order)."""
     from rift_ada.collectors.pipeline import spread_requests
 
     eligible = [request for request in requests if size.min_isl <= request.isl <= size.max_isl]
-    if len(eligible) < size.n_requests:
+    wanted = size.n_requests + size.confirm_extra
+    if len(eligible) < wanted:
         raise CalibrationError(
-            f"n_requests: the dataset has {len(eligible)} requests with ISL in [{size.min_isl}, {size.max_isl}], "
-            f"{size.n_requests} wanted"
+            f"n_requests + confirm_extra: the dataset has {len(eligible)} requests with ISL in "
+            f"[{size.min_isl}, {size.max_isl}], {wanted} wanted"
         )
-    return spread_requests(eligible, size.n_requests)
+    base = spread_requests(eligible, size.n_requests)
+    taken = {id(request) for request in base}
+    rest = [request for request in eligible if id(request) not in taken]
+    return base, spread_requests(rest, size.confirm_extra) if size.confirm_extra else []
 
 
 _GRID_FIELDS = ("budgets", "temperatures")  # the grid a cell sits in; its own budget and temperature are fields
+_EXTENSION_FIELDS = ("confirm_extra",)  # a finished cell is extended, not redone, when only these change
 
 
 def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: int, model: str, dataset: str) -> dict:
     """What a finished cell depends on (adding a budget or a temperature to the grid leaves it done)."""
-    fields = {name: value for name, value in asdict(size).items() if name not in _GRID_FIELDS}
+    fields = {name: value for name, value in asdict(size).items() if name not in _GRID_FIELDS + _EXTENSION_FIELDS}
     if temperature <= 0:  # teacher-forced at T = 0 either way
         del fields["free_running"]
     return {
@@ -229,7 +254,7 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
     2026-12-01 also recorded the whole grid, which is ignored)."""
     if not isinstance(stored, dict) or not isinstance(stored.get("size"), dict):
         return False
-    size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS}
+    size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS + _EXTENSION_FIELDS}
     size.setdefault("forced_length", True)  # cells written before these fields forced their targets and kept loops
     for name, value in (("loop_ngram", 4), ("loop_threshold", 0.3), ("loop_rule", "keep")):
         size.setdefault(name, value)
@@ -396,6 +421,8 @@ def _calibrated(
         cache={"budget": budget},
         schedule={"max_age": size.max_age},
         signals=signals,
+        objective="curve",
+        selection_margin=size.selection_margin,
     )
     stages.timed(f"{tag} calibrate", time.monotonic() - started)
     return result.calibration, result.controller, result.controller_path
@@ -446,11 +473,15 @@ def run_cell(
     dataset: str,
     stages: _Stages,
     targets_manifest: dict[str, Any] | None = None,
+    extra_requests: Sequence[Any] = (),
+    register: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One (temperature, budget) cell: probe, calibrate, closed loop, fidelity, oracle; returns its summary.
 
     ``targets_manifest``: the targets' provenance (`targets_provenance`: how responses end, ...) for the
-    probe manifest."""
+    probe manifest. ``extra_requests``: confirmation-only requests (closed loop only). A finished cell with
+    fewer of them is extended: its probe and calibration are read back and the closed loop runs only the new
+    requests. ``register(tag, preregistration)`` is called before the confirmation's closed loop starts."""
     from rift_ada.collectors.collect import closed_results
     from rift_ada.collectors.pipeline import run_collection
     from rift_ada.collectors.trace_io import read_probe_traces
@@ -458,38 +489,70 @@ def run_cell(
     tag = f"T{temperature:g} B{budget}"
     fingerprint = json_safe(_cell_fingerprint(size, temperature, budget, seed, pair.preset.name, dataset))
     cell_file = folder / "cell.json"
+    extra_ids = [str(request.request_id) for request in extra_requests]
+    calibrated_before = False
     if cell_file.exists():
         done = json.loads(cell_file.read_text(encoding="utf-8"))
         if same_cell(done.get("fingerprint"), fingerprint):
-            stages.progress(f"{tag}: done earlier", 1, 1)
-            return done
+            if list(done.get("extra_ids", [])) == extra_ids:
+                stages.progress(f"{tag}: done earlier", 1, 1)
+                return done
+            calibrated_before = True  # the same cell with other confirmation-only requests: extend it
     settings = cell_settings(pair, size, temperature=temperature, budget=budget, seed=seed, dataset=dataset)
-    started = time.monotonic()
-    run_collection(
-        pair,
-        requests,
-        targets,
-        folder / "probe",
-        settings,
-        mode="probe",
-        on_request=stages.counter(f"{tag} probe", len(requests)),
-        batch_size=size.batch_size,
-        extra_manifest=None if targets_manifest is None else {"targets": targets_manifest},
-    )
-    stages.timed(f"{tag} probe", time.monotonic() - started)
+    if not calibrated_before:
+        started = time.monotonic()
+        run_collection(
+            pair,
+            requests,
+            targets,
+            folder / "probe",
+            settings,
+            mode="probe",
+            on_request=stages.counter(f"{tag} probe", len(requests)),
+            batch_size=size.batch_size,
+            extra_manifest=None if targets_manifest is None else {"targets": targets_manifest},
+        )
+        stages.timed(f"{tag} probe", time.monotonic() - started)
     traces = read_probe_traces(folder / "probe")
     precheck = cell_precheck(traces, size, seed)  # before calibrating: is there staleness to refresh for?
     model_name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(pair.preset.name).name)  # a path model: its folder name
     name = f"{model_name}-T{temperature:g}-B{budget}"
-    calibration, controller, controller_path = _calibrated(
-        folder / "calibration", folder / "probe", traces, name=name, pair=pair, size=size,
-        temperature=temperature, budget=budget, seed=seed, stages=stages, tag=tag,
-    )  # fmt: skip
-    confirmation_ids = sorted(str(rid) for rid in calibration["confirmation"]["request_ids"])
-    by_id = {request.request_id: request for request in requests}
+    if calibrated_before:
+        stages.progress(f"{tag} calibrate: done earlier", 1, 1)
+        controller_path = folder / "calibration" / "controller.json"
+        calibration = json.loads((folder / "calibration" / "calibration.json").read_text(encoding="utf-8"))
+        controller = json.loads(controller_path.read_text(encoding="utf-8"))
+    else:
+        calibration, controller, controller_path = _calibrated(
+            folder / "calibration", folder / "probe", traces, name=name, pair=pair, size=size,
+            temperature=temperature, budget=budget, seed=seed, stages=stages, tag=tag,
+        )  # fmt: skip
+    split_ids = sorted(str(rid) for rid in calibration["confirmation"]["request_ids"])
+    confirmation_ids = sorted(split_ids + extra_ids)
+    by_id = {request.request_id: request for request in [*requests, *extra_requests]}
+    # Pre-registered before the closed loop runs: the rule, the paper's effect, the margin, the size, the curve.
+    chosen = calibration["operating_point"]["chosen"]
+    longest = max(8, min(size.max_age, size.output_tokens // 2))
+    curve_specs = ["stat"] + [f"periodic:{d}" for d in curve_intervals(float(chosen["refreshes_per_1k"]), longest)]
+    preregistration = preregister(
+        temperature,
+        len(confirmation_ids),
+        curve_specs,
+        selection_margin=size.selection_margin,
+        n_resamples=size.n_resamples,
+        seed=seed,
+        extra={
+            "confirmation_split": len(split_ids),
+            "confirmation_only": len(extra_ids),
+            "controller": str(controller["name"]),
+            "selection_rate_per_1k": float(chosen["refreshes_per_1k"]),
+        },
+    )
+    if register is not None:
+        register(tag, preregistration.to_dict())
     held_out = [by_id[rid] for rid in confirmation_ids]
     # table_requests: None runs every Table 1 method on every confirmation request, N on the first N, 0 on none.
-    table_ids = confirmation_ids[: size.table_requests] if size.table_requests else confirmation_ids
+    table_ids = split_ids[: size.table_requests] if size.table_requests else confirmation_ids
     table_extra = _table_specs(size) if size.table_requests != 0 else []
 
     started = time.monotonic()
@@ -507,6 +570,8 @@ def run_cell(
         batch_size=size.batch_size,
         on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
         free_running=free_running,
+        preregistration=preregistration,
+        extra_requests=extra_ids,
     )
     closed_dirs = [Path(confirmation.run_dir)]
     totals: dict[str, dict[str, np.ndarray]] = dict(closed_results(confirmation.run_dir))
@@ -537,7 +602,7 @@ def run_cell(
     if f"periodic:{size.reference_interval}" not in replay_specs:
         replay_specs.insert(2, f"periodic:{size.reference_interval}")
     evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
-    held_out_replay = _replay_on(traces, replay_specs, confirmation_ids)
+    held_out_replay = _replay_on(traces, replay_specs, split_ids)
     by_position = closed_by_position(closed_dirs)
     cell = {
         "fingerprint": fingerprint,
@@ -551,7 +616,11 @@ def run_cell(
         if isinstance(calibration["splits"].get("request_ids"), dict)
         else calibration["splits"].get("sizes"),
         "confirmation_ids": confirmation_ids,
+        "extra_ids": extra_ids,
         "table_ids": table_ids,
+        "preregistration": preregistration.to_dict(),
+        "curve": confirmation.curve,
+        "selection_vs_confirmation": _selection_vs_confirmation(calibration, confirmation.curve),
         "free_running": free_running,
         "table": table,
         "confirmation": confirmation.to_dict() | {"replay_comparisons": calibration["confirmation"]["comparisons"]},
@@ -563,7 +632,7 @@ def run_cell(
         "closed_by_position": by_position,
         "precheck": precheck,
         "staleness": _staleness(by_position, held_out_replay),
-        "oracle": _oracle(traces, confirmation_ids, size, held_out_replay, controller_name),
+        "oracle": _oracle(traces, split_ids, size, held_out_replay, controller_name),
         "signals": _signal_summary(calibration, controller),
         "timings": {k: v for k, v in stages.timings.items() if k.startswith(tag)},
     }
@@ -580,6 +649,29 @@ def cell_precheck(traces: Any, size: BenchSize, seed: int) -> dict[str, Any]:
     intervals = tuple(sorted({*size.table_intervals, size.reference_interval}))
     position_bin = max(8, size.output_tokens // 8 // 8 * 8)  # about 8 bins over the output
     return PreCheck(intervals=intervals, position_bin=position_bin, seed=seed).run(traces)
+
+
+def _selection_vs_confirmation(calibration: dict[str, Any], curve: dict[str, Any] | None) -> dict[str, Any]:
+    """The chosen point's curve gap where it was chosen (replay, selection split) and where it was confirmed."""
+    chosen = calibration["operating_point"]["chosen"]
+    selection = calibration["operating_point"].get("selection_gap") or {}
+    confirmed = (curve or {}).get("gap") or {}
+    return {
+        "selection": {
+            "mean_al": chosen["mean_al"],
+            "refreshes_per_1k": chosen["refreshes_per_1k"],
+            "al_gain": selection.get("al_gain"),
+            "refresh_reduction": selection.get("refresh_reduction"),
+            "n_requests": calibration["splits"]["sizes"]["selection"],
+        },
+        "confirmation": {
+            "mean_al": (confirmed.get("controller") or {}).get("mean_al"),
+            "refreshes_per_1k": (confirmed.get("controller") or {}).get("refreshes_per_1k"),
+            "al_gain": (confirmed.get("al_gain") or {}).get("estimate"),
+            "refresh_reduction": (confirmed.get("refresh_reduction") or {}).get("estimate"),
+            "n_requests": confirmed.get("n_requests"),
+        },
+    }
 
 
 def closed_by_position(closed_dirs: Sequence[Path], bin_size: int = 32) -> dict[str, Any]:
@@ -681,7 +773,8 @@ def _run_bench(
     stages.progress("load model", 0, 1)
     pair = load_pair(model, device=device, dtype=dtype)
     stages.progress("load model", 1, 1)
-    requests = select_requests(load_requests(dataset, pair.tokenizer), settings_size)
+    requests, extra_requests = select_all_requests(load_requests(dataset, pair.tokenizer), settings_size)
+    registry = _Registry(out / "bench.json")
     cells: dict[str, Any] = {}
     controllers: dict[str, str] = {}
     workload: dict[str, Any] = {}  # per temperature: how the targets end, their lengths, loops
@@ -690,14 +783,14 @@ def _run_bench(
         began = time.monotonic()
         targets = ensure_targets(
             pair,
-            requests,
+            [*requests, *extra_requests],
             folder / "targets.parquet",
             temperature=temperature,
             seed=seed,
             max_new_tokens=settings_size.output_tokens,
             min_new_tokens=settings_size.output_tokens if settings_size.forced_length else 0,
             extend=True,
-            on_request=stages.counter(f"T{temperature:g} targets", len(requests)),
+            on_request=stages.counter(f"T{temperature:g} targets", len(requests) + len(extra_requests)),
             batch_size=settings_size.batch_size,
         )
         stages.timed(f"T{temperature:g} targets", time.monotonic() - began)
@@ -711,10 +804,12 @@ def _run_bench(
             )
         cell_requests = [request for request in requests if request.request_id in kept]
         cell_targets = [row for row in targets if row["request_id"] in kept]
+        cell_extra = [request for request in extra_requests if request.request_id in kept]  # the same loop rule
         for budget in settings_size.budgets:
             cell = run_cell(
                 pair, cell_requests, cell_targets, folder / f"B{budget}", size=settings_size, temperature=temperature,
                 budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
+                extra_requests=cell_extra, register=registry.register,
             )  # fmt: skip
             if engine_controllers:
                 from rift_ada.calibrate.engine_controller import engine_controller
@@ -737,6 +832,8 @@ def _run_bench(
         "dtype": dtype or "float32",
         "size": asdict(settings_size),
         "n_requests": len(requests),
+        "confirmation_only_requests": len(extra_requests),
+        "preregistrations": registry.entries,
         "isl": [request.isl for request in requests],
         "categories": sorted({request.category for request in requests}),
         "targets": workload,
@@ -750,6 +847,36 @@ def _run_bench(
     atomic_write_json(out / "bench.json", summary)
     report_path = write_bench_report(summary, out)
     return {"report": str(report_path), "controllers": controllers, "bench": summary}
+
+
+class _Registry:
+    """Pre-registrations, written into ``bench.json`` before each cell's confirmation runs (kept across runs:
+    an extension appends its new confirmation size beside the earlier one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, list[dict[str, Any]]] = {}
+        if path.exists():
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8")).get("preregistrations")
+            except (OSError, ValueError):
+                stored = None
+            if isinstance(stored, dict):
+                self.entries = {str(tag): list(items) for tag, items in stored.items()}
+
+    def register(self, tag: str, preregistration: dict[str, Any]) -> None:
+        history = self.entries.setdefault(tag, [])
+        if history and history[-1] == preregistration:
+            return  # the same confirmation again (a resumed run)
+        history.append(json_safe(preregistration))
+        current: dict[str, Any] = {}
+        if self.path.exists():
+            try:
+                current = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                current = {}
+        atomic_write_json(self.path, {**current, "format": BENCH_FORMAT, "version": BENCH_VERSION,
+                                      "preregistrations": self.entries})  # fmt: skip
 
 
 def export_controllers(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -781,6 +908,7 @@ def export_controllers(summary: dict[str, Any], out_dir: str | Path) -> list[Pat
                 "gain": bool(confirmation["verdict"]["gain"]),
                 "verdict": confirmation["verdict"]["text"],
                 "comparisons": confirmation["comparisons"],
+                "curve_outcome": (source.get("curve") or {}).get("outcome"),
             }
             written.append(export_controller(controller, folder / f"{controller['name']}.json"))
     return written

@@ -37,7 +37,13 @@ from rift_ada.calibrate.pipeline import (
 from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError
 
-__all__ = ["ClosedConfirmation", "attach_closed_confirmation", "confirm_closed", "confirm_closed_from_traces"]
+__all__ = [
+    "ClosedConfirmation",
+    "attach_closed_confirmation",
+    "confirm_closed",
+    "confirm_closed_from_traces",
+    "curve_intervals",
+]
 
 CONFIRM_MODES: tuple[str, ...] = ("replay", "closed")
 
@@ -56,6 +62,7 @@ class ClosedConfirmation:
     seed: int
     n_resamples: int
     notes: list[str] = field(default_factory=list)
+    curve: dict[str, Any] | None = None  # the pre-registered curve verdict (CurveVerdict.to_dict())
 
     @property
     def gain(self) -> bool:
@@ -74,7 +81,26 @@ class ClosedConfirmation:
             "seed": self.seed,
             "n_resamples": self.n_resamples,
             "notes": list(self.notes),
+            "curve": self.curve,
         }
+
+
+def curve_intervals(rate_per_1k: float, longest: int, *, shortest: int = 8, per_side: int = 2) -> list[int]:
+    """Periodic intervals bracketing a refresh rate: ``per_side`` denser and sparser ones from the doubling
+    ladder ``shortest``, 2 x ``shortest``, ... up to ``longest`` (plus ``longest`` itself), more on one side
+    when the other runs out, so that 2 x ``per_side`` intervals run whenever the ladder has them."""
+    ladder = []
+    step = shortest
+    while step < longest:
+        ladder.append(step)
+        step *= 2
+    ladder.append(longest)
+    matched = 1000.0 / rate_per_1k if rate_per_1k > 0 else float("inf")
+    denser = [d for d in ladder if d <= matched]
+    sparser = [d for d in ladder if d > matched]
+    take_dense = min(len(denser), max(per_side, 2 * per_side - len(sparser)))
+    take_sparse = min(len(sparser), 2 * per_side - take_dense)
+    return sorted(denser[len(denser) - take_dense :] + sparser[:take_sparse])
 
 
 def _plan(calibration: Mapping[str, Any], controller: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -124,6 +150,8 @@ def confirm_closed(
     extra_policies: Sequence[str] = (),
     batch_size: int = 8,
     free_running: bool = False,
+    preregistration: Any | None = None,
+    extra_requests: Sequence[str] = (),
 ) -> ClosedConfirmation:
     """Run the chosen controller and its two periodic baselines on the confirmation split in the real loop.
 
@@ -132,14 +160,17 @@ def confirm_closed(
     confirmation requests are run). The closed-loop run lands in ``out_dir``. ``margin`` defaults to
     the calibration's. ``extra_policies`` (e.g. a benchmark's Table 1 methods) run in the same closed
     loop, on the same requests. ``free_running`` (T > 0 only): real rejection sampling instead of
-    teacher forcing on the targets. Returns the closed-loop verdict with paired-bootstrap CIs,
-    replay's beside it.
+    teacher forcing on the targets. ``preregistration`` (a :class:`~rift_ada.calibrate.curve.Preregistration`):
+    its curve policies (RIFT-stat and periodic Δs) run too, and the pre-registered curve verdict is computed
+    from the closed loop. ``extra_requests``: ids of confirmation-only requests (never probed nor calibrated
+    on) run beside the split's. Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
     """
     from rift_ada.collectors.collect import check_free_running, closed_results, collect_closed
 
     check_free_running(free_running, settings.temperature)
     conf = calibration["confirmation"]
     wanted = [str(rid) for rid in conf["request_ids"]]
+    wanted += [str(rid) for rid in extra_requests if str(rid) not in wanted]
     by_id = {str(request.request_id): request for request in requests}
     missing = [rid for rid in wanted if rid not in by_id]
     if missing:
@@ -154,6 +185,8 @@ def confirm_closed(
         if spec not in specs:
             specs.append(spec)
     specs += [spec for spec in extra_policies if spec not in specs]
+    curve_specs = list(preregistration.curve_policies) if preregistration is not None else []
+    specs += [spec for spec in curve_specs if spec not in specs]
     run_dir = out / "closed"
     collect_closed(
         draft_model,
@@ -217,7 +250,23 @@ def confirm_closed(
         notes=calibration["operating_point"].get("notes", ()),
         source="closed loop",
     )
+    curve = None
+    if preregistration is not None:
+        from rift_ada.calibrate.curve import PolicyTotals, curve_gap_ci, decide
+
+        def totals_of(label: str, name: str) -> PolicyTotals:
+            return PolicyTotals.from_dict(name, _closed_entry(totals[label], order, "", label)["per_request"])
+
+        gap = curve_gap_ci(
+            totals_of(str(controller["name"]), "RIFT-ada"),
+            [totals_of(spec, spec) for spec in curve_specs],
+            n_resamples=preregistration.n_resamples,
+            confidence=preregistration.confidence,
+            seed=preregistration.seed,
+        )
+        curve = decide(gap, preregistration).to_dict()
     return ClosedConfirmation(
+        curve=curve,
         run_dir=str(run_dir),
         free_running=free_running,
         request_ids=order,

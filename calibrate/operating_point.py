@@ -1,10 +1,13 @@
-"""Pick the operating point on the AL-refresh trade-off: matched AL and matched refreshes."""
+"""Pick the operating point on the AL-refresh trade-off: matched AL and matched refreshes, or the curve gap."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class OperatingPoint:
     chosen: TrialPoint
     chosen_by: str
     notes: list[str] = field(default_factory=list)
+    selection_gap: dict[str, Any] | None = None  # the chosen point's curve readings on the selection split
 
     @property
     def refresh_reduction(self) -> float | None:
@@ -78,6 +82,7 @@ class OperatingPoint:
             "chosen": self.chosen.to_dict(),
             "chosen_by": self.chosen_by,
             "notes": list(self.notes),
+            "selection_gap": self.selection_gap,
         }
 
 
@@ -138,4 +143,54 @@ def select_operating_point(points: Sequence[TrialPoint], reference_label: str) -
         chosen=chosen,
         chosen_by=chosen_by,
         notes=notes,
+    )
+
+
+def curve_readings(point: TrialPoint, curve: Sequence[TrialPoint]) -> tuple[float, float]:
+    """(AL gain at the point's refreshes, refresh reduction at its AL) against the periodic ``curve``
+    (:mod:`rift_ada.calibrate.curve`'s readings, on aggregate figures)."""
+    from rift_ada.calibrate.curve import _readings
+
+    def row(p: TrialPoint) -> np.ndarray:
+        return np.array([[p.al], [p.refreshes_per_1k], [1000.0]])
+
+    gain, reduction = _readings(row(point), np.stack([row(p) for p in curve]))
+    return float(gain), float(reduction)
+
+
+def select_by_curve(points: Sequence[TrialPoint], reference_label: str, margin: float) -> OperatingPoint:
+    """The adaptive trial with the largest AL gain over the periodic curve at its own refresh count.
+
+    The curve is RIFT-stat and every periodic baseline (selection split). Against the winner's curse:
+    trials within ``margin`` AL of the best gain are taken as tied (their differences are below what the
+    selection split resolves) and the one refreshing least among them is chosen; the confirmation then
+    measures it afresh. Trials refreshing more often than the densest baseline have no reading and are
+    skipped. The matched-AL / matched-refresh fields are kept as :func:`select_operating_point` gives them.
+    """
+    base = select_operating_point(points, reference_label)
+    curve = [p for p in points if p.baseline and (p.family == "periodic" or p.label == "stat")]
+    readings = []
+    for point in points:
+        if point.baseline:
+            continue
+        gain, reduction = curve_readings(point, curve)
+        if math.isfinite(gain):
+            readings.append((point, gain, reduction))
+    if not readings:
+        return replace(base, notes=[*base.notes, "no adaptive trial lies inside the periodic curve's range"])
+    best = max(gain for _, gain, _ in readings)
+    tied = [item for item in readings if item[1] >= best - margin]
+    chosen, gain, reduction = min(tied, key=lambda item: (item[0].refreshes_per_1k, -item[1], item[0].number))
+    notes = [n for n in base.notes if not n.startswith("no gain:")]
+    notes.append(
+        f"chosen by the curve gap: trial {chosen.number}, AL gain {gain:+.4f} at its refresh count on the selection "
+        f"split (best {best:+.4f}; {len(tied)} trial(s) within the margin {margin:g} AL, the fewest refreshes taken)"
+    )
+    return replace(
+        base,
+        chosen=chosen,
+        chosen_by="curve_gap",
+        notes=notes,
+        selection_gap={"al_gain": gain, "refresh_reduction": reduction, "best_al_gain": best, "margin": margin,
+                       "n_tied": len(tied)},
     )

@@ -31,7 +31,7 @@ from rift_ada.calibrate.grids import (
     percentile_grid,
     threshold_grids,
 )
-from rift_ada.calibrate.operating_point import OperatingPoint, TrialPoint, select_operating_point
+from rift_ada.calibrate.operating_point import OperatingPoint, TrialPoint, select_by_curve, select_operating_point
 from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError, Splits, make_splits
 from rift_ada.calibrate.study import (
@@ -390,6 +390,8 @@ def calibrate(
     margin: float = DEFAULT_MARGIN,
     search_replicas: int = SEARCH_REPLICAS,
     confirm_replicas: int = DEFAULT_REPLICAS,
+    objective: str = "matched_al",
+    selection_margin: float = 0.02,
 ) -> CalibrationResult:
     """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
 
@@ -406,6 +408,10 @@ def calibrate(
     ``search_replicas`` / ``confirm_replicas``: replay's sampling replicas at T > 0 in the study
     (default 1: every trial sees the same uniforms, so comparisons stay paired and a trial costs a
     quarter) and in the confirmation (default 4, the spread the verdict reads); ignored at T = 0.
+    ``objective``: how the operating point is chosen on the selection split: ``matched_al`` (the fewest
+    refreshes at the reference's AL) or ``curve`` (the largest AL gain over the periodic curve at the trial's
+    own refresh count, ties within ``selection_margin`` AL going to the fewest refreshes; see
+    :func:`~rift_ada.calibrate.operating_point.select_by_curve`).
     """
     t0 = time.monotonic()
     report = _Progress(progress)
@@ -426,6 +432,8 @@ def calibrate(
         raise CalibrationError(
             f"replicas must be >= 1, got search_replicas={search_replicas}, confirm_replicas={confirm_replicas}"
         )
+    if objective not in ("matched_al", "curve"):
+        raise CalibrationError(f"objective must be 'matched_al' or 'curve', got {objective!r}")
     if not 0.0 <= margin < 1.0:
         raise CalibrationError(f"margin must be a fraction of the reference AL in [0, 1), got {margin}")
     if signals is None:
@@ -508,7 +516,10 @@ def calibrate(
 
     # 4. operating point
     reference_label = f"periodic:{int(reference_interval)}"
-    op = select_operating_point(points, reference_label)
+    if objective == "curve":
+        op = select_by_curve(points, reference_label, selection_margin)
+    else:
+        op = select_operating_point(points, reference_label)
     periodic_curve = sorted(
         (
             {"interval": int(p.label.split(":")[1]), "mean_al": p.al, "refreshes_per_1k": p.refreshes_per_1k}

@@ -48,6 +48,13 @@ def bench(
     batch_size: Annotated[
         int | None, typer.Option(help="Requests per batched forward (targets, probe, closed loop).")
     ] = None,
+    confirm_extra: Annotated[
+        int | None,
+        typer.Option(
+            help="Confirmation-only requests beside the split's (closed loop only). Raise it to extend a finished "
+            "run: finished stages are read back, only the new requests run."
+        ),
+    ] = None,
     free_running: Annotated[
         bool,
         typer.Option(
@@ -96,6 +103,7 @@ def bench(
             batch_size=batch_size,
             free_running=free_running,
             forced_length=forced_length or None,
+            confirm_extra=confirm_extra,
         )
     except ValueError as error:  # a bad size: a usage error, before any model loads
         fail(error, code=2)
@@ -110,7 +118,8 @@ def bench(
         "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
         "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,
         "--max-isl": max_isl, "--arm-ages": arm_ages, "--max-age": max_age,
-        "--table-requests": table_requests, "--batch-size": batch_size, "--seed": seed, "--device": device,
+        "--table-requests": table_requests, "--batch-size": batch_size, "--confirm-extra": confirm_extra,
+        "--seed": seed, "--device": device,
         "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
     }  # fmt: skip
     command = (

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rift_ada.calibrate.bench import BENCH_SIZES, bench_size, run_bench
+from rift_ada.calibrate.curve import OUTCOMES
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.cli.app import app
 from rift_ada.controller import SIGNAL_NAMES
@@ -21,7 +22,8 @@ SECTIONS = (
     "### Pre-check (probe traces, replay",
     "## The answer",
     "### Table 1 (closed loop",
-    "### Trade-off at matched AL and at matched refreshes",
+    "### The controller against the periodic curve",
+    "### Against one periodic reference and periodic at the same rate",
     "### Staleness curve",
     "### Replay fidelity",
     "### Why this outcome",
@@ -73,9 +75,16 @@ def test_tiny_bench_report_has_every_section_and_its_numbers(bench_dir):
         frontier = [al for al in cell["oracle"]["frontier"]["mean_al"] if al is not None]
         assert frontier == sorted(frontier)
         assert (bench_dir / f"staleness_T{cell['temperature']:g}_B{cell['budget']}.png").stat().st_size > 1000
-    # The headline states both goals either way.
-    assert re.search(r"at least one budget: \*\*(met|not met)\*\*", report)
-    assert "oracle's refresh saving" in report
+        # The pre-registered curve verdict: stat + periodic intervals around the controller, the same requests.
+        curve = cell["curve"]
+        assert curve["outcome"] in OUTCOMES and curve["text"] in report
+        assert curve["gap"]["n_requests"] == len(cell["confirmation_ids"])
+        assert [p["label"] for p in curve["gap"]["curve"]][0] == "stat" and len(curve["gap"]["curve"]) >= 4
+        assert summary["preregistrations"][tag][-1] == cell["preregistration"] == curve["preregistration"]
+        assert cell["preregistration"]["confirmation_requests"] == len(cell["confirmation_ids"])
+    # The headline gives each cell's pre-registered outcome, and whether each temperature was decided.
+    assert re.search(r"T = 0: \*\*(yes|no, underpowered)\*\*", report)
+    assert "recovers" not in report and "stat-to-full" not in report
     assert "every policy on the same text" in report  # how the T > 0 cells' closed loop ran
 
 
@@ -175,3 +184,39 @@ def test_adding_a_budget_or_a_temperature_leaves_finished_cells_done():
     assert not same_cell(fingerprint(bench_size("tiny", n_requests=7)), grid)
     assert not same_cell({**grid, "budget": 160}, grid)
     assert not same_cell(None, grid)
+
+
+def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished_stage(
+    bench_dir, tiny_model_dir, tmp_path
+):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(bench_dir, out)
+    before = json.loads((out / "bench.json").read_text())
+
+    def snapshot(pattern: str) -> dict[str, int]:
+        return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.glob(pattern)) if p.is_file()}
+
+    probe, calibration, closed = snapshot("T*/B*/probe/**/*"), snapshot("T*/B*/calibration/study.db"), snapshot(
+        "T*/B*/confirm/closed/**/*.parquet"
+    )
+    assert probe and calibration and closed
+    stages: list[str] = []
+    run_bench(out, size=bench_size("tiny", confirm_extra=1), model=str(tiny_model_dir),
+              progress=lambda stage, done, total: stages.append(stage))  # fmt: skip
+    assert not [s for s in stages if s.endswith(" probe") or "calibrate: study" in s], stages
+    assert snapshot("T*/B*/probe/**/*") == probe and snapshot("T*/B*/calibration/study.db") == calibration
+    after_closed = snapshot("T*/B*/confirm/closed/**/*.parquet")
+    assert all(after_closed.get(path) == mtime for path, mtime in closed.items())  # finished requests kept
+    assert len(after_closed) > len(closed)  # the new request's parts
+    summary = json.loads((out / "bench.json").read_text())
+    for tag, cell in summary["cells"].items():
+        old = before["cells"][tag]
+        assert len(cell["extra_ids"]) == 1 and cell["extra_ids"][0] not in old["confirmation_ids"]
+        assert cell["confirmation_ids"] == sorted(old["confirmation_ids"] + cell["extra_ids"])
+        assert cell["curve"]["gap"]["n_requests"] == len(old["confirmation_ids"]) + 1
+        assert cell["controller_name"] == old["controller_name"]
+        history = summary["preregistrations"][tag]
+        assert [entry["confirmation_requests"] for entry in history] == [len(old["confirmation_ids"]),
+                                                                         len(old["confirmation_ids"]) + 1]  # fmt: skip

@@ -412,3 +412,40 @@ def test_t1_study_searches_with_one_replica_and_confirms_with_the_default(tmp_pa
     assert again.mean_al == pytest.approx(chosen["selection"]["mean_al"], rel=1e-12)
     with pytest.raises(CalibrationError, match="replicas must be >= 1"):
         _run(traces, tmp_path / "bad", search_replicas=0)
+
+
+@pytest.mark.parametrize("objective", ["curve", "matched_al"])
+def test_poisoned_confirmation_traces_leave_the_controller_unchanged(tmp_path, objective):
+    """Confirmation requests never reach the grids, the score fit, the study or the operating point:
+    replacing their traces with noise changes the confirmation figures and nothing else."""
+    import dataclasses
+
+    traces = synthetic_traces(40, 1024, planted="entropy", seed=0)
+    clean = _run(traces, tmp_path / "clean", trials=25, objective=objective)
+    rows = np.asarray(clean.splits.confirmation)
+    rng = np.random.default_rng(99)
+
+    def poison(array):
+        array = np.array(array, copy=True)
+        part = array[rows]
+        if array.dtype.kind == "f":
+            array[rows] = np.where(np.isnan(part), part, rng.uniform(0.0, 1.0, part.shape))
+        else:
+            array[rows] = rng.integers(0, 2, part.shape)
+        return array
+
+    poisoned_traces = dataclasses.replace(
+        traces,
+        outcome=poison(traces.outcome),
+        entropy=poison(traces.entropy) * 5,
+        stride_signals={name: poison(values) * 7 for name, values in traces.stride_signals.items()},
+        token_acceptance=None if traces.token_acceptance is None else poison(traces.token_acceptance),
+    )
+    poisoned = _run(poisoned_traces, tmp_path / "poisoned", trials=25, objective=objective)
+    a, b = (json.loads(result.calibration_path.read_text()) for result in (clean, poisoned))
+    assert np.array_equal(clean.splits.confirmation, poisoned.splits.confirmation)
+    assert a["confirmation"]["policies"]["chosen"]["mean_al"] != b["confirmation"]["policies"]["chosen"]["mean_al"]
+    for key in ("grids", "space", "trials", "operating_point", "periodic_curve"):
+        assert a[key] == b[key], key
+    policies = [json.loads(result.controller_path.read_text())["policy"] for result in (clean, poisoned)]
+    assert policies[0] == policies[1]
