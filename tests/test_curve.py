@@ -126,3 +126,32 @@ def test_coverage_on_synthetic_data_is_near_nominal():
     """A cheap version of the coverage check recorded in docs/calibration.md (400 runs per size there)."""
     result = coverage(16, 0.15, reps=60, n_resamples=499, seed=3)
     assert result["al_gain"] >= 0.85
+
+
+def test_curve_intervals_bracket_the_controllers_rate():
+    from rift_ada.calibrate.confirm import curve_intervals
+
+    assert curve_intervals(1000 / 100, 512) == [32, 64, 128, 256]  # two denser than Δ = 100, two sparser
+    assert curve_intervals(1000 / 600, 512) == [64, 128, 256, 512]  # the sparse side runs out at 512
+    assert curve_intervals(0.0, 512) == [64, 128, 256, 512]  # a controller that never refreshes
+    assert curve_intervals(1000 / 6, 512) == [8, 16, 32, 64]  # the dense side runs out at 8
+
+
+def test_the_operating_point_by_the_curve_gap_takes_the_fewest_refreshes_among_ties():
+    from rift_ada.calibrate.operating_point import TrialPoint, curve_readings, select_by_curve
+
+    def point(number, al, rate, label=None, family="gate"):
+        baseline = label is not None
+        return TrialPoint(number, label or f"trial:{number}", "periodic" if label and label != "stat" else family,
+                          {}, {}, al, rate, baseline)  # fmt: skip
+
+    curve = [point(0, 6.0, 0.0, "stat"), point(1, 6.5, 10.0, "periodic:100"), point(2, 7.0, 30.0, "periodic:33")]
+    trials = [point(10, 6.75, 10.0), point(11, 6.80, 20.0), point(12, 6.64, 8.0), point(13, 7.5, 40.0)]
+    gain, reduction = curve_readings(trials[0], curve)
+    assert gain == pytest.approx(0.25) and reduction == pytest.approx(1 - 10 / 20)  # the curve reaches 6.75 at 20/1K
+    op = select_by_curve([*curve, *trials], "periodic:100", margin=0.02)
+    # gains: 10 -> +0.25, 11 -> +0.05, 12 -> +0.24 at fewer refreshes (within 0.02 of the best: tied),
+    # 13 -> none (beyond the densest Δ).
+    assert op.chosen.number == 12 and op.chosen_by == "curve_gap"
+    assert op.selection_gap["al_gain"] == pytest.approx(6.64 - 6.4) and op.selection_gap["n_tied"] == 2
+    assert select_by_curve([*curve, *trials], "periodic:100", margin=0.0).chosen.number == 10
