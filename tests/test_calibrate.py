@@ -425,11 +425,11 @@ def test_poisoned_confirmation_traces_leave_the_controller_unchanged(tmp_path, o
     rows = np.asarray(clean.splits.confirmation)
     rng = np.random.default_rng(99)
 
-    def poison(array):
+    def poison(array, scale=1.0):
         array = np.array(array, copy=True)
         part = array[rows]
         if array.dtype.kind == "f":
-            array[rows] = np.where(np.isnan(part), part, rng.uniform(0.0, 1.0, part.shape))
+            array[rows] = np.where(np.isnan(part), part, rng.uniform(0.0, scale, part.shape))
         else:
             array[rows] = rng.integers(0, 2, part.shape)
         return array
@@ -437,8 +437,8 @@ def test_poisoned_confirmation_traces_leave_the_controller_unchanged(tmp_path, o
     poisoned_traces = dataclasses.replace(
         traces,
         outcome=poison(traces.outcome),
-        entropy=poison(traces.entropy) * 5,
-        stride_signals={name: poison(values) * 7 for name, values in traces.stride_signals.items()},
+        entropy=poison(traces.entropy, 5.0),
+        stride_signals={name: poison(values, 7.0) for name, values in traces.stride_signals.items()},
         token_acceptance=None if traces.token_acceptance is None else poison(traces.token_acceptance),
     )
     poisoned = _run(poisoned_traces, tmp_path / "poisoned", trials=25, objective=objective)
