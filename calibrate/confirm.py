@@ -103,6 +103,23 @@ def curve_intervals(rate_per_1k: float, longest: int, *, shortest: int = 8, per_
     return sorted(denser[len(denser) - take_dense :] + sparser[:take_sparse])
 
 
+def _set_aside_if_stale(run_dir: Path, specs: Sequence[str], settings: Any) -> None:
+    """A closed run holding other policies belongs to an earlier calibration of the cell: rename it to
+    ``closed-superseded-<k>`` (kept, not deleted) so the new plan starts in a fresh directory."""
+    from rift_ada.collectors.collect import resolve_closed_policy
+
+    manifest = run_dir / "manifest.json"
+    if not manifest.exists():
+        return
+    labels = [resolve_closed_policy(spec, settings).label for spec in specs]
+    if json.loads(manifest.read_text(encoding="utf-8")).get("policies") == labels:
+        return
+    k = 1
+    while (run_dir.parent / f"{run_dir.name}-superseded-{k}").exists():
+        k += 1
+    run_dir.rename(run_dir.parent / f"{run_dir.name}-superseded-{k}")
+
+
 def _plan(calibration: Mapping[str, Any], controller: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(replay label, role, closed-loop label) of the chosen controller, the reference and the matched rate."""
     comparisons = calibration["confirmation"]["comparisons"]
@@ -188,6 +205,7 @@ def confirm_closed(
     curve_specs = list(preregistration.curve_policies) if preregistration is not None else []
     specs += [spec for spec in curve_specs if spec not in specs]
     run_dir = out / "closed"
+    _set_aside_if_stale(run_dir, specs, settings)
     collect_closed(
         draft_model,
         [by_id[rid] for rid in wanted],

@@ -136,3 +136,17 @@ def test_free_running_at_t0_is_refused_before_anything_runs(tmp_path: Path) -> N
             free_running=True,
         )
     assert not (tmp_path / "c").exists()
+
+
+def test_a_closed_run_of_other_policies_is_set_aside_not_resumed(tmp_path):
+    """A cell whose calibration re-ran plans other closed-loop policies: the old run is renamed, kept."""
+    from rift_ada.calibrate.confirm import _set_aside_if_stale
+
+    settings = CollectSettings(draft="d", target="t", temperature=0.0)
+    run = tmp_path / "closed"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"policies": ["stat", "periodic:16"]}))
+    _set_aside_if_stale(run, ["stat", "periodic:16"], settings)
+    assert run.exists()  # the same plan: resumed in place
+    _set_aside_if_stale(run, ["stat", "periodic:32"], settings)
+    assert not run.exists() and json.loads((tmp_path / "closed-superseded-1" / "manifest.json").read_text())
