@@ -350,7 +350,7 @@ def _findings(cell: dict[str, Any]) -> list[str]:
         gap = curve["gap"]
         red = gap["refresh_reduction"]
         paper = "paper: 2.03x (51.1%) at T = 1, 53.5% at T = 0"
-        if gap["refresh_factor"] is not None and red["estimate"] > 0:
+        if gap["refresh_factor"] is not None and (red.get("estimate") or 0) > 0:
             notes.append(
                 f"- {tag}: at its own AL, RIFT-ada needs {gap['refresh_factor']:.2f}x fewer refreshes than the "
                 f"periodic curve ({100 * red['estimate']:.1f}% fewer, 95% CI {_interval(red, percent=True)}; {paper})"

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rift_ada.atomic import atomic_write_json, canonical_json
+from rift_ada.atomic import atomic_write_json, canonical_json, json_safe
 from rift_ada.calibrate.export import export_controller
 from rift_ada.calibrate.pipeline import (
     ROLE_CHOSEN,
@@ -282,7 +282,7 @@ def confirm_closed(
             confidence=preregistration.confidence,
             seed=preregistration.seed,
         )
-        curve = decide(gap, preregistration).to_dict()
+        curve = json_safe(decide(gap, preregistration).to_dict())  # NaN (an undefined reading) as None
     return ClosedConfirmation(
         curve=curve,
         run_dir=str(run_dir),
@@ -321,6 +321,14 @@ def attach_closed_confirmation(calibration_dir: str | Path, confirmation: Closed
             "free_running": confirmation.free_running,
             "n_requests": len(confirmation.request_ids),
         }
+        if confirmation.curve is not None:  # the pre-registered curve verdict, in brief
+            gap = confirmation.curve["gap"]
+            provenance["closed_loop"]["curve"] = {
+                "outcome": confirmation.curve["outcome"],
+                "al_gain": gap["al_gain"],
+                "refresh_reduction": gap["refresh_reduction"],
+                "curve": [point["label"] for point in gap["curve"]],
+            }
         provenance["gain"] = confirmation.gain
         provenance["source"] = "closed loop"
         export_controller(controller, controller_path)
