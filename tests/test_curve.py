@@ -155,3 +155,15 @@ def test_the_operating_point_by_the_curve_gap_takes_the_fewest_refreshes_among_t
     assert op.chosen.number == 12 and op.chosen_by == "curve_gap"
     assert op.selection_gap["al_gain"] == pytest.approx(6.64 - 6.4) and op.selection_gap["n_tied"] == 2
     assert select_by_curve([*curve, *trials], "periodic:100", margin=0.0).chosen.number == 10
+
+
+def test_an_undefined_reading_is_stored_as_null_and_rendered():
+    from rift_ada.calibrate.bench_report import _curve_section
+    from rift_ada.calibrate.export import json_safe
+
+    controller, curve = synthetic_requests(10, (128, 256), 0.0, rng=np.random.default_rng(0))
+    dense = PolicyTotals("controller", controller.al, controller.committed / 16, controller.committed)
+    stored = json_safe(decide(curve_gap_ci(dense, curve, n_resamples=200), _prereg(10)).to_dict())
+    assert stored["gap"]["al_gain"]["estimate"] is None
+    text = "\n".join(_curve_section({"curve": stored}))
+    assert "AL gain at the controller's refresh count: –" in text and "does not bracket" in text
