@@ -629,7 +629,7 @@ def run_cell(
     }
     cell = json_safe(cell)
     atomic_write_json(cell_file, cell)
-    return cell
+    return json.loads(cell_file.read_text(encoding="utf-8"))  # as a later run reads it back (key order included)
 
 
 def cell_precheck(traces: Any, size: BenchSize, seed: int) -> dict[str, Any]:
