@@ -167,3 +167,11 @@ def test_an_undefined_reading_is_stored_as_null_and_rendered():
     assert stored["gap"]["al_gain"]["estimate"] is None
     text = "\n".join(_curve_section({"curve": stored}))
     assert "AL gain at the controller's refresh count: –" in text and "does not bracket" in text
+
+
+def test_fewer_requests_than_the_preregistered_minimum_never_decide():
+    controller, curve = synthetic_requests(4, INTERVALS, 1.0, rng=np.random.default_rng(2), sd=0.05)
+    gap = curve_gap_ci(controller, curve, n_resamples=999)
+    assert gap.al_gain.low > 0  # the interval alone would read confirmed
+    verdict = decide(gap, _prereg(4))
+    assert verdict.outcome == "underpowered" and "fewer than the pre-registered minimum of 8" in verdict.text
