@@ -13,8 +13,8 @@ the two findings: does SWA overtake SnapKV late in the output, and how much refr
 
 ``--results`` rewrites the section between ``<!-- staleness-models:begin -->`` and
 ``<!-- staleness-models:end -->`` (appended if absent) and writes its plots next to the page.
-Each model's figures go to ``--out/<model>.json`` (models may run as separate processes, one
-``--models`` each); ``--from-json`` renders the section from those files without models.
+Each model's figures go to ``--out/<model>-T<temperatures>.json`` (models and temperatures may run
+as separate processes); ``--from-json`` renders the section from those files without models.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/staleness-models"))
     parser.add_argument("--results", type=Path, default=None, help="markdown page to (re)write the section in")
-    parser.add_argument("--from-json", action="store_true", help="render --out/<model>.json without models")
+    parser.add_argument("--from-json", action="store_true", help="render --out/<model>-T*.json without models")
     args = parser.parse_args(argv)
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.deltas = [int(d) for d in args.deltas.split(",") if d]
@@ -331,11 +331,19 @@ def main(argv: list[str] | None = None) -> int:
                 "model": run_model(model, args),
             }
             data["settings"]["seconds"] = time.time() - started
-            atomic_write_json(args.out / f"{model}.json", data)
-    files = [json.loads((args.out / f"{model}.json").read_text()) for model in models]
-    data = {"settings": files[0]["settings"], "models": [file["model"] for file in files],
-            "runs": [{"command": f["settings"]["command"], "commit": f["settings"]["commit"],
-                      "seconds": f["settings"]["seconds"]} for f in files]}  # fmt: skip
+            temperatures = "_".join(f"{t:g}" for t in args.temperatures)
+            atomic_write_json(args.out / f"{model}-T{temperatures}.json", data)
+    data = {"settings": None, "models": [], "runs": []}
+    for model in models:  # every file of the model (temperatures may have run as separate processes)
+        files = [json.loads(path.read_text()) for path in sorted(args.out.glob(f"{model}-T*.json"))]
+        if not files:
+            raise SystemExit(f"{args.out}: no {model}-T*.json (run without --from-json first)")
+        merged = dict(files[0]["model"], temperatures={})
+        for file in files:
+            merged["temperatures"].update(file["model"]["temperatures"])
+            data["runs"].append({key: file["settings"][key] for key in ("command", "commit", "seconds")})
+        data["models"].append(merged)
+        data["settings"] = data["settings"] or files[0]["settings"]
     if args.results is not None:
         page = args.results
         write_section(page, render(data, page.parent / "results", page.parent))
