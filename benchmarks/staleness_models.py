@@ -196,10 +196,16 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
         "- Wall times are on the shared 2-core machine (other sessions' work running beside it).",
         "",
     ]
-    figure, axes = plt.subplots(2, 2, figsize=(11, 7), squeeze=False)
-    mass_figure, mass_axes = plt.subplots(2, 2, figsize=(11, 7), squeeze=False)
+    temperatures = sorted({t for m in data["models"] for t in m["temperatures"]}, key=float)
+    shape = (len(data["models"]), len(temperatures))
+    figure, axes = plt.subplots(*shape, figsize=(5.5 * shape[1], 3.5 * shape[0]), squeeze=False)
+    mass_figure, mass_axes = plt.subplots(*shape, figsize=(5.5 * shape[1], 3.5 * shape[0]), squeeze=False)
     for row_index, model in enumerate(data["models"]):
-        for column, (temperature, cell) in enumerate(model["temperatures"].items()):
+        for column, temperature in enumerate(temperatures):
+            cell = model["temperatures"].get(temperature)
+            if cell is None:
+                lines += [f"### {model['model']}, T = {temperature}", "", "Not measured in this run.", ""]
+                continue
             loops = ", ".join(f"{share:.2f}" for share in cell["loop_share"])
             kept = sum(not flag for flag in cell["looping"])
             lines += [
@@ -337,13 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:  # every file of the model (temperatures may have run as separate processes)
         files = [json.loads(path.read_text()) for path in sorted(args.out.glob(f"{model}-T*.json"))]
         if not files:
-            raise SystemExit(f"{args.out}: no {model}-T*.json (run without --from-json first)")
+            print(f"{args.out}: no {model}-T*.json: left out of the section", file=sys.stderr)
+            continue
         merged = dict(files[0]["model"], temperatures={})
         for file in files:
             merged["temperatures"].update(file["model"]["temperatures"])
             data["runs"].append({key: file["settings"][key] for key in ("command", "commit", "seconds")})
         data["models"].append(merged)
         data["settings"] = data["settings"] or files[0]["settings"]
+    if not data["models"]:
+        raise SystemExit(f"{args.out}: no results for {', '.join(models)}")
     if args.results is not None:
         page = args.results
         write_section(page, render(data, page.parent / "results", page.parent))
