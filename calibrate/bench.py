@@ -35,6 +35,7 @@ from rift_ada.calibrate.evaluation import evaluate_run
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+from rift_ada.scorers.registry import SCORER_NAMES
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -92,6 +93,7 @@ class BenchSize:
     # margin (AL) of the best count as tied and the fewest-refresh one is taken (the winner's curse).
     selection_margin: float = 0.02
     n_resamples: int = 4999  # the curve's paired bootstrap
+    scorer: str = "snapkv"  # prefill scorer of SnapKV / RIFT-stat / RIFT-dyn / RIFT-ada (rift_ada.scorers.registry)
 
     def check(self) -> None:
         """Refuse an inconsistent size before any model loads (errors name the field)."""
@@ -110,6 +112,8 @@ class BenchSize:
             problems.append(f"temperatures: need at least one temperature >= 0, got {list(self.temperatures)}")
         if self.trials < 0:
             problems.append(f"trials: must be >= 0, got {self.trials}")
+        if self.scorer not in SCORER_NAMES:
+            problems.append(f"scorer: unknown scorer {self.scorer!r} (one of {', '.join(SCORER_NAMES)})")
         oldest = max(self.arm_ages, default=0)
         for name, age in [("max_age", self.max_age), ("reference_interval", self.reference_interval)] + [
             (f"table_intervals[{i}]", interval) for i, interval in enumerate(self.table_intervals)
@@ -239,6 +243,8 @@ def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: in
     fields = {name: value for name, value in asdict(size).items() if name not in _GRID_FIELDS + _EXTENSION_FIELDS}
     if temperature <= 0:  # teacher-forced at T = 0 either way
         del fields["free_running"]
+    if fields["scorer"] == "snapkv":  # cells written before scorers were selectable match
+        del fields["scorer"]
     return {
         "size": fields,
         "temperature": temperature,
@@ -448,6 +454,7 @@ def cell_settings(pair: Any, size: BenchSize, *, temperature: float, budget: int
         budget=budget,
         arm_ages=size.arm_ages,
         dataset=dataset,
+        scorer=size.scorer,
     )
 
 

@@ -355,6 +355,7 @@ def settings_from_manifest(manifest: Mapping[str, Any]) -> Any:
             sw_ratio=float(cache.get("sw_ratio", 0.5)),
             obs_window=int(cache.get("obs_window", 64)),
             block_size=cache.get("block_size"),
+            scorer=str(cache.get("scorer", "snapkv")),
             arm_ages=ages or CollectSettings.arm_ages,
             dataset=str(manifest.get("dataset", "embedded")),
         )

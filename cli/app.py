@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail, note_output
+from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 
@@ -347,6 +348,7 @@ def collect(
         float, typer.Option(callback=_share, help="Sliding-window share of the budget (rho), in (0, 1].")
     ] = 0.5,
     block_size: Annotated[int | None, typer.Option(min=1, help="Block-level selection (paged serving).")] = None,
+    scorer: ScorerOption = DEFAULT_SCORER,
     arm_ages: Annotated[str, typer.Option(help="Probe arm ages, comma separated.")] = _DEFAULT_ARM_AGES,
     seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of sampling and target generation.")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many requests.")] = None,
@@ -387,6 +389,7 @@ def collect(
         budget=preset.budget if budget is None else budget,
         sw_ratio=sw_ratio,
         block_size=block_size,
+        scorer=scorer,
         arm_ages=ages,
         dataset=dataset,
     )

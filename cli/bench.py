@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 import typer
 from rich.text import Text
 
+from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
+
 BenchSizeName = Literal["tiny", "small", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
 ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
 OUT_HELP = "Run directory (re-running continues where it stopped)."
@@ -69,6 +71,7 @@ def bench(
             "2026-12-01) instead of ending it at EOS or the cap."
         ),
     ] = False,
+    scorer: ScorerOption = DEFAULT_SCORER,
     seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
     device: Annotated[str, typer.Option(help="torch device (cuda on a GPU machine).")] = "cpu",
     dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
@@ -104,6 +107,7 @@ def bench(
             free_running=free_running,
             forced_length=forced_length or None,
             confirm_extra=confirm_extra,
+            scorer=scorer,
         )
     except ValueError as error:  # a bad size: a usage error, before any model loads
         fail(error, code=2)
@@ -121,6 +125,7 @@ def bench(
         "--table-requests": table_requests, "--batch-size": batch_size, "--confirm-extra": confirm_extra,
         "--seed": seed, "--device": device,
         "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
+        "--scorer": None if scorer == DEFAULT_SCORER else scorer,
     }  # fmt: skip
     command = (
         "rift-ada bench "

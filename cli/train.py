@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
+
 
 def _floats(text: str, name: str) -> tuple[float, ...]:
     try:
@@ -140,6 +142,7 @@ def train_eval(
     temp: Annotated[float, typer.Option("--temp", "-t", help="Temperature (0: teacher-forced greedy).")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option(help="Target response tokens per held-out request.")] = 256,
     sw_ratio: Annotated[float, typer.Option(help="Inference sliding-window share rho.")] = 0.5,
+    scorer: ScorerOption = DEFAULT_SCORER,
     seed: Annotated[int, typer.Option(help="Seed of sampling and bootstrap.")] = 0,
     device: Annotated[str, typer.Option(help="torch device.")] = "cpu",
 ) -> None:
@@ -156,6 +159,7 @@ def train_eval(
             seed=seed,
             max_new_tokens=max_new_tokens,
             sw_ratio=sw_ratio,
+            scorer=scorer,
         )
     except ValueError as error:  # an option out of range: a usage error, before any model loads
         fail(error, code=2)

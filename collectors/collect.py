@@ -45,11 +45,14 @@ class CollectSettings:
     block_size: int | None = None
     arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES
     dataset: str = "embedded"
+    scorer: str = "snapkv"  # the prefill scorer of snapkv / rift-stat / rift-dyn (rift_ada.scorers.registry)
 
     def cache_policy(self, name: str = "rift-stat", refresh_interval: int | None = None) -> CachePolicy:
         fields: dict[str, Any] = {"sw_ratio": self.sw_ratio, "obs_window": self.obs_window}
         if name in ("rift-stat", "rift-dyn"):
             fields["block_size"] = self.block_size
+        if name in ("snapkv", "rift-stat", "rift-dyn"):
+            fields["scorer"] = self.scorer
         if refresh_interval is not None:
             fields["refresh_interval"] = refresh_interval
         return make_policy(name, budget=self.budget, **fields)
@@ -58,7 +61,7 @@ class CollectSettings:
         return {
             "budget": self.budget,
             "sw_ratio": self.sw_ratio,
-            "scorer": "snapkv",
+            "scorer": self.scorer,
             "block_size": self.block_size,
             "obs_window": self.obs_window,
         }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from rift_ada.scorers.registry import DEFAULT_SCORER, SCORER_NAMES
+
 POLICY_NAMES: tuple[str, ...] = ("full", "swa", "streamingllm", "h2o", "snapkv", "rift-stat", "rift-dyn")
 
 
@@ -22,8 +24,11 @@ class CachePolicy:
 
     ``selection`` is ``"prefix"`` (the first k positions: attention sinks, or everything for
     ``full``), ``"snapkv"`` (SnapKV scores at prefill, rescored on ``refresh``) or ``"h2o"``
-    (accumulated attention, updated every step). ``refresh_interval`` (RIFT-dyn's Δ) is the number
-    of committed tokens between rescorings in the draft/verify loop; None means never.
+    (accumulated attention, updated every step). ``scorer`` names the prefill scorer of a
+    ``"snapkv"`` selection (`rift_ada.scorers.registry`: SnapKV, Expected Attention, CriticalKV,
+    CurDKV, TriAttention); the ``snapkv`` policy is the fixed-window baseline of any scorer.
+    ``refresh_interval`` (RIFT-dyn's Δ) is the number of committed tokens between rescorings in
+    the draft/verify loop; None means never.
     """
 
     name: str = "rift-stat"
@@ -34,6 +39,7 @@ class CachePolicy:
     block_size: int | None = None
     sinks: int = 4
     refresh_interval: int | None = None
+    scorer: str = DEFAULT_SCORER
 
     @property
     def is_full(self) -> bool:
@@ -79,6 +85,12 @@ def validate(policy: CachePolicy) -> CachePolicy:
     """Check a policy; raise BudgetError naming the field."""
     if policy.name not in POLICY_NAMES:
         raise BudgetError(f"unknown cache policy {policy.name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+    if policy.scorer not in SCORER_NAMES:
+        raise BudgetError(f"unknown scorer {policy.scorer!r}; valid scorers: {', '.join(SCORER_NAMES)}")
+    if policy.scorer != DEFAULT_SCORER and policy.selection != "snapkv":
+        raise BudgetError(
+            f"scorer {policy.scorer!r} needs a prefill-scored policy (snapkv, rift-stat, rift-dyn), got {policy.name!r}"
+        )
     if policy.is_full:
         return policy
     if not isinstance(policy.budget, int) or policy.budget < 1:

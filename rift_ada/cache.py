@@ -23,8 +23,12 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, install, set_pending
 from rift_ada.budget import CachePolicy, make_policy, validate
-from rift_ada.scorers import H2OScorer, SnapKVScorer, select_topk
-from rift_ada.scorers.topk import topk_lowest_first
+from rift_ada.scorers.h2o import H2OScorer
+from rift_ada.scorers.inputs import ScoreInputs
+from rift_ada.scorers.registry import make_scorer
+from rift_ada.scorers.rope import RopeRotation, find_rope
+from rift_ada.scorers.snapkv import SnapKVScorer
+from rift_ada.scorers.topk import select_topk, topk_lowest_first
 
 
 class CacheError(ValueError):
@@ -64,12 +68,22 @@ def group_query_mean(pre_rope_query: torch.Tensor, n_kv: int) -> torch.Tensor:
 class BudgetedLayer(DynamicLayer):
     """Full stored KV plus a per-head working set of at most ``policy.budget`` positions."""
 
-    def __init__(self, policy: CachePolicy, layer_idx: int, scaling: float, sinks: torch.Tensor | None = None):
+    def __init__(
+        self,
+        policy: CachePolicy,
+        layer_idx: int,
+        scaling: float,
+        sinks: torch.Tensor | None = None,
+        rope: RopeRotation | None = None,
+        output_weight: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.policy = policy
         self.layer_idx = layer_idx
         self.scaling = scaling
         self.sinks = sinks
+        self.rope = rope  # the model's rotary embedding (scorers that move queries in position)
+        self.output_weight = output_weight  # the attention's o_proj weight (CriticalKV)
         self.length = 0
         self.prefilled = False
         self.selection: torch.Tensor | None = None  # (b, kv, m) positions, sorted
@@ -88,7 +102,8 @@ class BudgetedLayer(DynamicLayer):
         self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
         self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
         self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
-        self._scorer = SnapKVScorer(policy.obs_window, policy.pool_kernel)
+        self._scorer = make_scorer(policy.scorer, policy.obs_window, policy.pool_kernel)
+        self._mass = SnapKVScorer(policy.obs_window, policy.pool_kernel)  # the query window's attention mass
         # probe: the query window's attention mass is summed from blocks of this many queries, each
         # computed once (keys and queries only grow there); None: the whole window at every rescoring
         self.rescore_block: int | None = None
@@ -181,8 +196,25 @@ class BudgetedLayer(DynamicLayer):
         if policy.selection == "h2o":
             scores = self.heavy_scores[rows, :, : self.length]
         else:
-            scores = self._scorer.pool(self._window_mass(rows))
+            scores = self._scorer.score(self.score_inputs(rows, end))
         return select_topk(scores, self.capacity, end, policy.block_size)
+
+    def score_inputs(self, rows: slice = slice(None), candidates: int | None = None) -> ScoreInputs:
+        """What the policy's scorer reads to rescore the stored positions of ``rows`` now."""
+        return ScoreInputs(
+            keys=self.stored_keys()[rows],
+            values=self.values[rows, :, : self.length],
+            queries=self.query_buffer[rows],
+            query_positions=self.query_positions,
+            next_position=self.length,
+            scaling=self.scaling,
+            selected=self.capacity,
+            candidates=self._candidates_end(self.length) if candidates is None else candidates,
+            window_mass=lambda: self._window_mass(rows),
+            sinks=self.sinks,
+            rope=self.rope,
+            output_weight=self.output_weight,
+        )
 
     def _window_mass(self, rows: slice) -> torch.Tensor:
         """SnapKV attention mass of the query window, (rows, kv, group, length).
@@ -205,7 +237,7 @@ class BudgetedLayer(DynamicLayer):
             or int(positions[0]) != first
             or int(positions[-1]) != self.length - 1
         ):
-            return self._scorer.attention_mass(queries, keys, positions, self.scaling, self.sinks)
+            return self._mass.attention_mass(queries, keys, positions, self.scaling, self.sinks)
         self._mass_blocks = {start: mass for start, mass in self._mass_blocks.items() if start >= first}
         total = None
         for offset in range(0, n_queries, block):
@@ -213,7 +245,7 @@ class BudgetedLayer(DynamicLayer):
             mass = self._mass_blocks.get(start)
             if mass is None or mass.shape[0] < n_rows:
                 part = slice(offset, offset + block)
-                mass = self._scorer.attention_mass(queries[:, :, part], keys, positions[part], self.scaling, self.sinks)
+                mass = self._mass.attention_mass(queries[:, :, part], keys, positions[part], self.scaling, self.sinks)
                 self._mass_blocks[start] = mass
             mass = mass[:n_rows]
             if total is None:
@@ -556,7 +588,9 @@ class BudgetedLayer(DynamicLayer):
             self.length = max(0, self.length + tokens_to_remove)
 
     def reset(self) -> None:
-        self.__init__(self.policy, self.layer_idx, self.scaling, self.sinks)  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            self.policy, self.layer_idx, self.scaling, self.sinks, self.rope, self.output_weight
+        )
 
 
 def full_attention_layer_indices(model: torch.nn.Module) -> list[int]:
@@ -592,11 +626,20 @@ class BudgetedCache(DynamicCache):
         modules = _attention_modules(model)
         self.budgeted_indices = indices
         self.window_indices: list[int] = []  # built-in sliding-window layers served by an swa BudgetedLayer
+        rope = find_rope(model, modules[indices[0]]) if indices[0] in modules else None  # one for all layers
         for index in indices:
             module = modules.get(index)
             if module is None:
                 raise CacheError(f"cannot find the attention module of full-attention layer {index}")
-            self.layers[index] = BudgetedLayer(policy, index, float(module.scaling), getattr(module, "sinks", None))
+            output = getattr(module, "o_proj", None)
+            self.layers[index] = BudgetedLayer(
+                policy,
+                index,
+                float(module.scaling),
+                getattr(module, "sinks", None),
+                rope=rope,
+                output_weight=None if output is None else output.weight,
+            )
 
     @property
     def budgeted_layers(self) -> list[BudgetedLayer]:

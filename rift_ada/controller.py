@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rift_ada.scorers.registry import SCORER_NAMES
+
 __all__ = [
     "CONTROLLER_FORMAT",
     "CONTROLLER_VERSION",
@@ -249,10 +251,17 @@ def _validate_cache(value: Any) -> dict[str, Any]:
     return {
         "budget": _integer(obj["budget"], "cache.budget", 1),
         "sw_ratio": sw_ratio,
-        "scorer": _string(obj["scorer"], "cache.scorer"),
+        "scorer": _scorer(obj["scorer"]),
         "block_size": None if block_size is None else _integer(block_size, "cache.block_size", 1),
         "obs_window": _integer(obj["obs_window"], "cache.obs_window", 1),
     }
+
+
+def _scorer(value: Any) -> str:
+    name = _string(value, "cache.scorer")
+    if name not in SCORER_NAMES:
+        raise ControllerError("cache.scorer", f"unknown scorer {name!r}; valid scorers: {', '.join(SCORER_NAMES)}")
+    return name
 
 
 def _validate_schedule(value: Any) -> dict[str, int]:

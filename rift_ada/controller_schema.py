@@ -27,6 +27,7 @@ from rift_ada.controller import (
     OPERATORS,
     SIGNAL_NAMES,
 )
+from rift_ada.scorers.registry import SCORER_NAMES
 
 SCHEMA_ID = "https://rift-ada.invalid/schemas/controller-v1.json"
 PACKAGE_COPY = Path(__file__).resolve().parent / "schemas" / "controller-v1.json"
@@ -75,7 +76,10 @@ def controller_schema() -> dict[str, Any]:
             "maximum": 1,
             "description": "share of the budget kept as the recent window",
         },
-        "scorer": _string(),
+        "scorer": {
+            "enum": list(SCORER_NAMES),
+            "description": "prefill scorer of the selection (rift_ada.scorers.registry)",
+        },
         "block_size": {
             "oneOf": [_integer(1), {"type": "null"}],
             "description": "block-level selection granularity; null = per position",

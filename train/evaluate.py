@@ -22,6 +22,7 @@ from rift_ada.calibrate.bootstrap import _paired_interval
 from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed
 from rift_ada.collectors.pipeline import ensure_targets, load_pair
 from rift_ada.models import load_model
+from rift_ada.scorers.registry import check_scorer
 from rift_ada.train.config import TrainConfig
 from rift_ada.train.data import load_training_requests
 
@@ -39,6 +40,7 @@ class EvalSettings:
     max_new_tokens: int = 256
     sw_ratio: float = 0.5
     obs_window: int = 64
+    scorer: str = "snapkv"  # prefill scorer of RIFT-stat / RIFT-dyn (rift_ada.scorers.registry)
     draft_length: int = 11
     n_resamples: int = 9999
     confidence: float = 0.95
@@ -51,6 +53,7 @@ class EvalSettings:
             )
         if self.dyn_interval < 1:
             raise ValueError(f"dyn interval must be >= 1, got {self.dyn_interval}")
+        check_scorer(self.scorer, "scorer")
 
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
@@ -102,6 +105,7 @@ def _run_draft(
             budget=budget,
             sw_ratio=settings.sw_ratio,
             obs_window=settings.obs_window,
+            scorer=settings.scorer,
             dataset=dataset,
         )
         policies = ["stat", f"dyn:{settings.dyn_interval}"] + (["full"] if index == 0 else [])

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rift_ada.scorers.inputs import ScoreInputs
+
 
 @dataclass
 class SnapKVScorer:
@@ -65,3 +67,7 @@ class SnapKVScorer:
                 summed.reshape(batch * n_kv, 1, -1), self.pool_kernel, stride=1, padding=self.pool_kernel // 2
             ).reshape(batch, n_kv, -1)
         return summed
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        """(b, kv, n) scores from the layer's window mass (`attention_mass` of its query window)."""
+        return self.pool(inputs.window_mass())

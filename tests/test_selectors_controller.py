@@ -1,0 +1,45 @@
+"""Every registered scorer is a valid ``cache.scorer`` for the validator, the JSON schema and conformance vectors."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from rift_ada.conformance import check_output, random_controller_dict, run_vectors, vectors_text
+from rift_ada.controller import Controller, ControllerError, validate_controller_dict
+from rift_ada.controller_schema import schema_text
+from rift_ada.scorers.registry import SCORER_NAMES
+
+
+def _with_scorer(name: str) -> dict:
+    controller = copy.deepcopy(random_controller_dict(3))
+    controller["cache"]["scorer"] = name
+    return controller
+
+
+@pytest.mark.parametrize("scorer", SCORER_NAMES)
+def test_every_scorer_passes_validator_schema_and_conformance(scorer: str, tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    controller = _with_scorer(scorer)
+    assert validate_controller_dict(controller)["cache"]["scorer"] == scorer
+    jsonschema.Draft202012Validator(json.loads(schema_text())).validate(controller)
+    vectors = tmp_path / "vectors.jsonl"
+    vectors.write_text(vectors_text(controller, seed=5), encoding="utf-8")
+    output = tmp_path / "output.jsonl"
+    output.write_text(run_vectors(vectors), encoding="utf-8")
+    assert check_output(vectors, output).ok
+    assert (
+        Controller.from_dict(json.loads(vectors.read_text().splitlines()[0])["controller"]).to_dict()["cache"]["scorer"]
+        == scorer
+    )
+
+
+def test_an_unknown_scorer_is_refused_by_validator_and_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    controller = _with_scorer("snapkv-typo")
+    with pytest.raises(ControllerError, match=r"cache\.scorer.*unknown scorer 'snapkv-typo'.*valid scorers: snapkv"):
+        validate_controller_dict(controller)
+    assert not jsonschema.Draft202012Validator(json.loads(schema_text())).is_valid(controller)
