@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = requests[: args.requests]
     if len(requests) < 2:
         raise SystemExit(f"need >= 2 embedded requests with {args.min_isl} <= ISL <= {args.max_isl}")
-    cells = []
-    for temperature in args.temperatures:
-        rows = ensure_targets(
+    targets = {
+        temperature: ensure_targets(
             pair,
             requests,
             args.out / f"targets-T{temperature:g}.parquet",
@@ -64,7 +63,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             max_new_tokens=args.output_tokens,
         )
-        for budget in args.budgets:
+        for temperature in args.temperatures
+    }
+    isls = [r.isl for r in requests]
+    result: dict[str, Any] = {
+        "command": "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/table2_selectors.py "
+        + " ".join(sys.argv[1:]),
+        "model": args.model,
+        "seed": args.seed,
+        "requests": [r.request_id for r in requests],
+        "isl_range": [min(isls), max(isls)],
+        "output_tokens": args.output_tokens,
+        "draft_length": args.draft_length,
+        "resamples": args.resamples,
+        "cells": [],
+    }
+    cells = result["cells"]
+    for budget in args.budgets:  # budget-major: a stopped run has whole budgets
+        for temperature in args.temperatures:
+            rows = targets[temperature]
             for scorer in args.scorers:
                 settings = CollectSettings(
                     draft=pair.preset.draft,
@@ -118,19 +135,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"[{100 * gain.low:+.1f}, {100 * gain.high:+.1f}] ({cell['seconds']:.0f} s)",
                     flush=True,
                 )
-    isls = [r.isl for r in requests]
-    return {
-        "command": "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/table2_selectors.py "
-        + " ".join(sys.argv[1:]),
-        "model": args.model,
-        "seed": args.seed,
-        "requests": [r.request_id for r in requests],
-        "isl_range": [min(isls), max(isls)],
-        "output_tokens": args.output_tokens,
-        "draft_length": args.draft_length,
-        "resamples": args.resamples,
-        "cells": cells,
-    }
+                atomic_write_text(args.out / "table2.json", json.dumps(result, indent=1) + "\n")  # after each cell
+    return result
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -187,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=9999)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, help="rewrite this page's selectors section (e.g. docs/results.md)")
+    parser.add_argument("--render-only", action="store_true", help="no runs: the section from --out's table2.json")
     args = parser.parse_args(argv)
-    result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "table2.json", json.dumps(result, indent=1) + "\n")
+    result = json.loads((args.out / "table2.json").read_text(encoding="utf-8")) if args.render_only else run(args)
     section = markdown(result)
     atomic_write_text(args.out / "table2.md", section)
     print(section)

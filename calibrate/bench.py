@@ -49,6 +49,7 @@ TABLE_BASELINES: tuple[tuple[str, str], ...] = (
     ("SWA", "swa"),
     ("StreamingLLM", "streamingllm"),
     ("H2O", "h2o"),
+    ("TriAttention", "triattention"),  # decode-time: rescored every 128 tokens (collectors.collect)
     ("SnapKV", "snapkv"),
     ("RIFT-stat", "stat"),
     ("Full KV", "full"),

@@ -96,22 +96,29 @@ class ClosedPolicy:
 
 NEVER = 1 << 30
 BASELINE_CACHE_POLICIES = ("full", "swa", "streamingllm", "h2o", "snapkv")
+# TriAttention as a decode-time baseline (paper Table 4): its scores choose the SnapKV-shaped
+# selection (64-token window + top-k), rescored every this many committed tokens
+TRIATTENTION_INTERVAL = 128
 
 
 def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
     """``full``/``swa``/``streamingllm``/``h2o``/``snapkv``/``stat`` (never refreshed), ``periodic:N`` /
-    ``dyn:N`` (RIFT-dyn), or a controller JSON path (RIFT-ada)."""
+    ``dyn:N`` (RIFT-dyn), ``triattention`` (decode-time TriAttention), or a controller JSON path (RIFT-ada)."""
+    from dataclasses import replace
+
     from rift_ada.controller import make_controller_dict
 
-    def controller(policy: dict[str, Any], name: str, schedule: dict[str, int]) -> dict[str, Any]:
+    def controller(
+        policy: dict[str, Any], name: str, schedule: dict[str, int], run: CollectSettings = settings
+    ) -> dict[str, Any]:
         return make_controller_dict(
             policy,
             name=name,
-            draft=settings.draft,
-            target=settings.target,
-            temperature=settings.temperature,
-            cache=settings.cache_json(),
-            schedule={"decision_stride": settings.decision_stride, **schedule},
+            draft=run.draft,
+            target=run.target,
+            temperature=run.temperature,
+            cache=run.cache_json(),
+            schedule={"decision_stride": run.decision_stride, **schedule},
         )
 
     never = controller({"kind": "periodic", "interval": NEVER}, spec, {"min_age": 0, "max_age": NEVER})
@@ -119,6 +126,15 @@ def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
         return ClosedPolicy(spec, settings.cache_policy(spec), never)
     if spec in ("stat", "rift-stat"):
         return ClosedPolicy("stat", settings.cache_policy("rift-stat"), never)
+    if spec == "triattention":
+        tri = replace(settings, scorer="triattention")
+        periodic = controller(
+            {"kind": "periodic", "interval": TRIATTENTION_INTERVAL},
+            spec,
+            {"min_age": 0, "max_age": max(768, TRIATTENTION_INTERVAL)},
+            tri,
+        )
+        return ClosedPolicy(spec, tri.cache_policy("snapkv"), periodic)
     kind, _, value = spec.partition(":")
     if kind in ("periodic", "dyn") and value.isdigit() and int(value) >= 1:
         interval = int(value)
@@ -132,8 +148,8 @@ def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
         _check_controller_settings(loaded, settings, path)
         return ClosedPolicy(loaded.get("name", path.stem), settings.cache_policy("rift-stat"), loaded)
     raise ValueError(
-        f"unknown policy {spec!r}: use one of {', '.join(BASELINE_CACHE_POLICIES)}, stat, periodic:N, "
-        "or a controller JSON file"
+        f"unknown policy {spec!r}: use one of {', '.join(BASELINE_CACHE_POLICIES)}, stat, triattention, "
+        "periodic:N, or a controller JSON file"
     )
 
 

@@ -604,7 +604,7 @@ def test_controller_json_resolves_as_a_closed_policy(collected):
         resolve_closed_policy("missing.json", CLOSED)
 
 
-@pytest.mark.parametrize(("field", "value"), [("block_size", 16), ("scorer", "h2o")])
+@pytest.mark.parametrize(("field", "value"), [("block_size", 16), ("scorer", "curdkv")])
 def test_controller_for_another_block_size_or_scorer_is_refused(tmp_path: Path, field: str, value):
     cache = {**CLOSED.cache_json(), field: value}
     controller = make_controller_dict(

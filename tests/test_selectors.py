@@ -189,7 +189,7 @@ def test_expected_attention_equals_from_scratch():
 def test_criticalkv_equals_from_scratch():
     inputs, a, _, snapkv = _inputs(2)
     got = CriticalKVScorer(base=snapkv).score(inputs)[0].double().numpy()
-    base = _ref_snapkv(a["post"], inputs.query_positions.numpy(), a["keys"], inputs.scaling, 7)
+    base = _ref_snapkv(a["post"], inputs.query_positions.numpy(), a["keys"], inputs.scaling, 7) / WINDOW
     expected = _ref_criticalkv(base, a["values"], inputs.output_weight.double().numpy(), 10, inputs.candidates)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
 
@@ -355,3 +355,23 @@ def test_criticalkv_reuses_norms_only_of_unchanged_values():
     changed = dataclasses.replace(inputs, values=values)
     torch.testing.assert_close(scorer.score(changed), CriticalKVScorer(base=snapkv).score(changed))
     assert not torch.allclose(scorer.score(changed), CriticalKVScorer(base=snapkv).score(inputs))
+
+
+def test_triattention_closed_policy_is_a_decode_time_baseline():
+    """``triattention``: TriAttention scores the SnapKV-shaped selection, rescored every 128 tokens."""
+    from rift_ada.collectors.collect import TRIATTENTION_INTERVAL, CollectSettings, resolve_closed_policy
+    from rift_ada.hooks import ControllerRefresh
+
+    settings = CollectSettings(draft="tiny", target="tiny", budget=96)
+    closed = resolve_closed_policy("triattention", settings)
+    assert (closed.cache.name, closed.cache.scorer, closed.cache.window) == ("snapkv", "triattention", 64)
+    assert closed.controller["policy"] == {"kind": "periodic", "interval": TRIATTENTION_INTERVAL}
+    assert closed.controller["cache"]["scorer"] == "triattention"
+    model = tiny_model("llama", seed=11)
+    prompt = torch.randint(0, VOCAB, (120,), generator=torch.Generator().manual_seed(3)).tolist()
+    from rift_ada.controller import Controller
+
+    hook = ControllerRefresh(Controller.from_dict(closed.controller))
+    result = speculative_generate(model, prompt, policy=closed.cache, max_new_tokens=300, refresh_hook=hook)
+    assert result.tokens == _greedy(model, prompt, 300)
+    assert result.refreshes == 2  # at 128 and 256 committed tokens

@@ -43,3 +43,17 @@ def test_an_unknown_scorer_is_refused_by_validator_and_schema() -> None:
     with pytest.raises(ControllerError, match=r"cache\.scorer.*unknown scorer 'snapkv-typo'.*valid scorers: snapkv"):
         validate_controller_dict(controller)
     assert not jsonschema.Draft202012Validator(json.loads(schema_text())).is_valid(controller)
+
+
+def test_bench_cells_of_another_scorer_are_not_read_back_and_default_cells_still_match() -> None:
+    from rift_ada.calibrate.bench import _cell_fingerprint, bench_size, same_cell
+    from rift_ada.calibrate.splits import CalibrationError
+
+    default = _cell_fingerprint(bench_size("tiny"), 0.0, 96, 0, "m", "d")
+    assert "scorer" not in default["size"]  # cells written before scorers were selectable match
+    older = {**default, "size": {name: value for name, value in default["size"].items()}}
+    assert same_cell(older, default)
+    other = _cell_fingerprint(bench_size("tiny", scorer="criticalkv"), 0.0, 96, 0, "m", "d")
+    assert other["size"]["scorer"] == "criticalkv" and not same_cell(default, other)
+    with pytest.raises(CalibrationError, match="scorer: unknown scorer 'nope'"):
+        bench_size("tiny", scorer="nope")

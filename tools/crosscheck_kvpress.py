@@ -190,13 +190,14 @@ def main() -> None:
 
     import torch
 
+    from rift_ada.collectors.datasets import encode_prompt
     from rift_ada.collectors.pipeline import load_requests
     from rift_ada.models import _converted_smollm2, load_model, resolve_preset
 
     torch.set_num_threads(1)
     model, tokenizer = load_model(resolve_preset("smollm2-135m").draft)
     request = next(r for r in load_requests("embedded", tokenizer) if r.isl >= args.prompt_tokens)
-    ids = torch.tensor([request.prompt_ids[: args.prompt_tokens]])
+    ids = torch.tensor([encode_prompt(tokenizer, request.prompt_messages)[: args.prompt_tokens]])
     dump, ours = _rift_scores(model, ids)
     dump["model_dir"] = str(_converted_smollm2())
     args.out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,9 @@ class CriticalKVScorer:
     ``base`` (SnapKV) scores among the candidates (outside the window). Stage 2 scores every
     position by (score + ``epsilon``) times ||v W_o^h||_1, the L1 norm of its value through query
     head h's slice of the output projection, averaged over each KV group's query heads; the
-    stage-1 positions are raised above all others. Without an output projection
+    stage-1 positions are raised above all others. The base score is the window's attention mass
+    divided by its number of queries (a mean attention weight, as in kvpress), which sets the
+    scale ``epsilon`` acts on. Without an output projection
     (``inputs.output_weight`` None) stage 2 uses ||v||_1.
     """
 
@@ -61,7 +63,7 @@ class CriticalKVScorer:
         return total / group
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
-        scores = self.base.score(inputs)
+        scores = self.base.score(inputs) / inputs.queries.shape[2]  # the window's mean attention: epsilon's scale
         first = int(inputs.selected * self.first_stage_ratio)
         reweighted = (scores + self.epsilon) * self._norms(inputs.values, inputs.output_weight, inputs.group)
         if first > 0:
