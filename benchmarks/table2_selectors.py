@@ -152,6 +152,7 @@ def markdown(result: dict[str, Any]) -> str:
         "window + top-k (never refreshed). Gain: mean AL ratio - 1 with a paired bootstrap 95% CI "
         f"({result['resamples']} resamples).",
         "",
+        *([result["note"], ""] if result.get("note") else []),
         "| T | Budget | Selection score | Baseline AL | + RIFT-stat AL | gain [95% CI] |",
         "| --- | --- | --- | --- | --- | --- |",
     ]

@@ -207,7 +207,7 @@ def test_triattention_equals_from_scratch():
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("architecture", ["qwen3_5", "gpt_oss"])
+@pytest.mark.parametrize("architecture", ["qwen3_5", "gpt_oss", "gemma3_text"])
 def test_rope_rotation_inverts_itself_with_partial_and_scaled_rope(architecture):
     model = tiny_model(architecture)
     index = full_attention_layer_indices(model)[0]

@@ -3,6 +3,7 @@ queries to future positions or back to the pre-RoPE space)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,14 +19,17 @@ class RopeRotation:
 
     embedding: torch.nn.Module
     apply: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    layer_type: str | None = None  # Gemma3: one embedding serves several layer types (full / sliding)
     _mean_cache: dict[tuple[int, tuple[int, ...], str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def attention_scaling(self) -> float:
-        return float(getattr(self.embedding, "attention_scaling", 1.0) or 1.0)
+        prefix = "" if self.layer_type is None else f"{self.layer_type}_"
+        return float(getattr(self.embedding, f"{prefix}attention_scaling", 1.0) or 1.0)
 
     def cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.embedding(like, positions.to(like.device)[None])
+        extra = () if self.layer_type is None else (self.layer_type,)
+        cos, sin = self.embedding(like, positions.to(like.device)[None], *extra)
         return cos.float(), sin.float()
 
     def rotate(self, vectors: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -68,5 +72,10 @@ def find_rope(model: torch.nn.Module, attention: torch.nn.Module) -> RopeRotatio
         return None
     for module in model.modules():
         if type(module).__name__.endswith("RotaryEmbedding"):
-            return RopeRotation(module, apply)
+            layer_type = None
+            if "layer_type" in inspect.signature(module.forward).parameters:
+                types = getattr(attention.config, "layer_types", None) or []
+                index = getattr(attention, "layer_idx", None)
+                layer_type = types[index] if index is not None and index < len(types) else "full_attention"
+            return RopeRotation(module, apply, layer_type)
     return None
