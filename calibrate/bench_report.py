@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -583,4 +584,12 @@ def write_results(summary: dict[str, Any], run_dir: str | Path, results_path: st
     images.mkdir(parents=True, exist_ok=True)
     for cell in summary["cells"].values():
         shutil.copyfile(Path(run_dir) / _png(cell), images / _png(cell))
-    return atomic_write_text(page, render_results(summary, images=page.stem))
+    text = render_results(summary, images=page.stem)
+    kept = kept_sections(page.read_text(encoding="utf-8")) if page.exists() else []
+    return atomic_write_text(page, text.rstrip("\n") + "".join("\n\n" + section for section in kept) + "\n")
+
+
+def kept_sections(text: str) -> list[str]:
+    """The ``<!-- begin: NAME ... -->`` ... ``<!-- end: NAME -->`` sections other scripts write into the
+    results page (e.g. benchmarks/table2_selectors.py): the bench's rewrite of the page keeps them."""
+    return [match.group(0) for match in re.finditer(r"<!-- begin: (\S+)[^>]*-->.*?<!-- end: \1 -->", text, re.S)]

@@ -57,3 +57,25 @@ def test_bench_cells_of_another_scorer_are_not_read_back_and_default_cells_still
     assert other["size"]["scorer"] == "criticalkv" and not same_cell(default, other)
     with pytest.raises(CalibrationError, match="scorer: unknown scorer 'nope'"):
         bench_size("tiny", scorer="nope")
+
+
+def test_generated_selectors_section_survives_rewrites_of_the_results_page(tmp_path: Path) -> None:
+    import importlib.util
+
+    from rift_ada.calibrate.bench_report import kept_sections
+
+    spec = importlib.util.spec_from_file_location(
+        "table2_selectors", Path(__file__).parents[1] / "benchmarks" / "table2_selectors.py"
+    )
+    table2 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table2)
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nthe bench's part\n")
+    result = {"command": "c", "model": "m", "requests": ["a", "b"], "isl_range": [1, 2], "output_tokens": 8,
+              "draft_length": 3, "seed": 0, "resamples": 9, "cells": []}  # fmt: skip
+    table2.write_section(page, table2.markdown({**result, "note": "first"}))
+    table2.write_section(page, table2.markdown({**result, "note": "second"}))
+    text = page.read_text()
+    assert text.startswith("# Results\n\nthe bench's part\n") and "second" in text and "first" not in text
+    (section,) = kept_sections(text)
+    assert section.startswith(table2.BEGIN) and section.endswith(table2.END) and "second" in section
