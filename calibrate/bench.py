@@ -164,19 +164,20 @@ BENCH_SIZES: dict[str, BenchSize] = {
         table_requests=1,
         batch_size=16,
     ),
-    # `make demo`: 10-20 min on 2 CPU cores (docs/performance.md, "Demo and benchmark"). The Table 1 methods beyond the
-    # confirmation's three took 11 min on 2 requests, so the demo runs none (table_requests=0).
+    # `make demo`: the cell with the most pre-check headroom on SmolLM2 (docs/notes/2026-12-01-workload-precheck.md):
+    # T = 1, teacher-forced closed loop, B = 128 at ISL ~1K; every Table 1 method on 1 confirmation request. Outputs
+    # of up to 192 tokens (256 before) keep it near 20 min on 2 cores (docs/performance.md, "Demo and benchmark").
     "small": BenchSize(
         n_requests=12,
-        output_tokens=256,
-        budgets=(256,),
-        temperatures=(0.0,),
+        output_tokens=192,
+        budgets=(128,),
+        temperatures=(1.0,),
         trials=120,
         arm_ages=(0, 8, 16, 32, 64, 128, 256),
         max_age=256,
         max_isl=1100,
         split=(0.25, 0.25, 0.5),
-        table_requests=0,
+        table_requests=1,
     ),
     "full": BenchSize(n_requests=36, output_tokens=768, budgets=(128, 256, 512), temperatures=(0.0, 1.0), trials=300),
 }
