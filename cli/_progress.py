@@ -27,6 +27,7 @@ from rich.text import Text
 
 StageFn = Callable[[str, int, "int | None"], None]  # (stage, done, total): calibrate and demo report this
 RequestFn = Callable[[str, int], None]  # (request id, output tokens) after each finished request
+TokensFn = Callable[[int, int], None]  # (tokens committed, rounds run) since the last call, as they happen
 
 
 def format_seconds(seconds: float) -> str:
@@ -49,8 +50,11 @@ class _Stage:
     start: float = field(default_factory=lambda: time.monotonic())
     done: int = 0
     tokens: int = 0
+    rounds: int = 0
+    live_tokens: bool = False  # tokens are reported as they are committed (`tokens_callback`), not per request
     last_line: float = -1.0
     last_done: int = -1
+    last_tokens: int = -1
     task: Any = None
 
     def line(self, now: float) -> str:
@@ -61,6 +65,8 @@ class _Stage:
         if self.total:
             count += f" ({100 * self.done / self.total:.0f}%)"
         parts = [f"[{self.name}] {count}"]
+        if self.live_tokens:
+            parts.append(f"{self.tokens} tokens" + (f", {self.rounds} rounds" if self.rounds else ""))
         if elapsed >= 0.1:  # a rate over less time means nothing
             parts.append(f"{rate:.2f} {self.unit}/s")
         if self.tokens and elapsed >= 0.1:
@@ -117,24 +123,29 @@ class ProgressReporter:
             self._stages[name] = stage
         return self._stages[name]
 
-    def update(self, name: str, done: int, total: int | None = None, *, tokens: int = 0, unit: str = "steps") -> None:
+    def update(
+        self, name: str, done: int, total: int | None = None, *, tokens: int = 0, rounds: int = 0, unit: str = "steps"
+    ) -> None:
         """Set a stage's progress (creating it on first use) and report it."""
         stage = self.stage(name, total, unit)
         if total is not None:
             stage.total = total
         stage.done = done
         stage.tokens += tokens
+        stage.rounds += rounds
         now = time.monotonic()
         if self._bars is not None:
             elapsed = now - stage.start
             rate = f"{stage.tokens / elapsed:.1f} tok/s" if stage.tokens and elapsed > 0 else ""
+            if stage.live_tokens:
+                rate = f"{stage.tokens} tok" + (f" {stage.rounds} rounds" if stage.rounds else "") + f" {rate}"
             self._bars.update(stage.task, completed=done, total=stage.total, rate=rate)
             return
-        if done == stage.last_done:
+        if done == stage.last_done and stage.tokens == stage.last_tokens:
             return  # nothing new (e.g. a final report repeating the last one)
-        finished = stage.total is not None and done >= stage.total
+        finished = stage.total is not None and done >= stage.total and done != stage.last_done
         if finished or stage.last_line < 0 or now - stage.last_line >= self.min_interval:
-            stage.last_line, stage.last_done = now, done
+            stage.last_line, stage.last_done, stage.last_tokens = now, done, stage.tokens
             self.console.print(Text(stage.line(now)))
 
     def log(self, message: str) -> None:
@@ -154,9 +165,22 @@ class ProgressReporter:
         stage = self.stage(name, total, "requests")
 
         def finished(request_id: str, n_tokens: int) -> None:
-            self.update(name, stage.done + 1, total, tokens=int(n_tokens), unit="requests")
+            tokens = 0 if stage.live_tokens else int(n_tokens)
+            self.update(name, stage.done + 1, total, tokens=tokens, unit="requests")
 
         return finished
+
+    def tokens_callback(self, name: str, total: int | None = None) -> TokensFn:
+        """A ``(tokens, rounds)`` callback adding committed tokens (and draft/verify rounds) to stage ``name``
+        as a long stage commits them, so its line moves between finished requests (throttled like every
+        line). The stage's request callback then counts requests only."""
+        stage = self.stage(name, total, "requests")
+        stage.live_tokens = True
+
+        def committed(tokens: int, rounds: int = 0) -> None:
+            self.update(name, stage.done, None, tokens=int(tokens), rounds=int(rounds), unit="requests")
+
+        return committed
 
     def complete(self, name: str) -> None:
         """Mark a stage finished (e.g. every request was already done)."""

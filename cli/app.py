@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -60,6 +61,12 @@ BatchSizeOption = Annotated[
     ),
 ]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
+
+
+def _token_counter(progress: ProgressReporter, stage: str, total: int | None = None) -> Callable[[int], None]:
+    """An ``on_token(token)`` callback (target generation) counting each generated token on ``stage``."""
+    committed = progress.tokens_callback(stage, total)
+    return lambda token: committed(1, 0)
 
 
 def _progress() -> ProgressReporter:
@@ -304,6 +311,7 @@ def targets(
                     shard=shard,
                     batch_size=batch_size,
                     on_request=progress.request_callback(f"targets {shard}", None),
+                    on_token=_token_counter(progress, f"targets {shard}"),
                 )
             console.print(_text(f"shard {shard}: {done.generated} responses generated, {done.skipped} already there"))
             if not done.complete:
@@ -323,6 +331,7 @@ def targets(
                     extend=extend_targets,
                     batch_size=batch_size,
                     on_request=progress.request_callback("targets", len(requests)),
+                    on_token=_token_counter(progress, "targets", len(requests)),
                 )
     console.print(Text.assemble(f"wrote {len(rows)} target responses to ", (str(out), "bold")))
 
@@ -437,6 +446,7 @@ def collect(
             shard=shard,
             batch_size=batch_size,
             on_request=progress.request_callback("targets", len(requests)),
+            on_token=_token_counter(progress, "targets", len(requests)),
         )
         progress.complete("targets")
         summary = run_collection(
@@ -449,6 +459,7 @@ def collect(
             policies=policy or [],
             shard=shard,
             on_request=progress.request_callback(f"collect {mode}", len(requests)),
+            on_tokens=progress.tokens_callback(f"collect {mode}", len(requests)),
             batch_size=batch_size,
             probe_batch_size=probe_batch_size,
             free_running=free_running,

@@ -27,6 +27,7 @@ from rift_ada.hooks import ControllerRefresh
 from rift_ada.speculative import BatchRequest, SpeculativeResult, speculative_generate_batch
 
 ProgressFn = Callable[[str, int], None]  # (request id, output tokens) after each request
+TokensFn = Callable[[int, int], None]  # (output tokens, rounds or strides) as a stage commits them
 
 
 @dataclass
@@ -289,11 +290,13 @@ def collect_probe(
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
     batch_size: int = 1,
+    on_tokens: TokensFn | None = None,
 ) -> CollectionSummary:
     """Probe every request (teacher-forced on its target response) into ``out_dir``.
 
     ``batch_size`` requests are probed at a time, their arms' forwards stacked (`probe_requests`);
-    each request's traces are written as soon as it ends."""
+    each request's traces are written as soon as it ends. ``on_tokens(positions, strides)`` after
+    every stride of the requests in flight."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     by_id = _targets_by_id(targets)
@@ -317,6 +320,7 @@ def collect_probe(
         decision_stride=settings.decision_stride,
         target_model=target_model,
         batch_size=batch_size,
+        on_tokens=on_tokens,
     )
     tokens = 0
     for index, result in results:
@@ -372,13 +376,15 @@ def collect_closed(
     extra_manifest: dict[str, Any] | None = None,
     free_running: bool = False,
     batch_size: int = 8,
+    on_tokens: TokensFn | None = None,
 ) -> CollectionSummary:
     """Run the real draft/verify loop for every policy.
 
     Up to ``batch_size`` (request, policy) runs share each batched draft/verify forward, a
     finished run's slot going to the next (`speculative_generate_batch`'s continuous
     batching); every run's result equals running it alone. A request's trace part is written
-    as soon as all its policies have finished.
+    as soon as all its policies have finished. ``on_tokens(tokens, rounds)`` after every batched
+    round: the output tokens it committed over all runs, and the runs it advanced.
 
     Teacher-forced on the target responses by default. ``free_running`` (T > 0 ground truth)
     runs real rejection sampling instead, as many output tokens as the target response has;
@@ -446,6 +452,7 @@ def collect_closed(
         temperature=settings.temperature,
         max_batch=batch_size,
         on_finish=write_when_complete,
+        on_progress=on_tokens,
     )
     return CollectionSummary(
         str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}

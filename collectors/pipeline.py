@@ -173,13 +173,14 @@ def run_collection(
     probe_batch_size: int = 1,
     free_running: bool = False,
     extra_manifest: dict[str, Any] | None = None,
+    on_tokens: Callable[[int, int], None] | None = None,
 ) -> CollectionSummary:
     """Probe or closed-loop collection of ``requests`` into ``out_dir``.
 
     ``batch_size``: closed-loop runs decoded together; ``probe_batch_size``: requests whose arms'
     forwards the probe stacks (1 is fastest on CPUs, docs/performance.md). The manifest also records
     the run's sorted ``request_ids`` (for per-shard progress and the partial-collection check) and
-    ``extra_manifest`` (e.g. ``targets`` provenance).
+    ``extra_manifest`` (e.g. ``targets`` provenance); ``on_tokens(tokens, rounds)`` as tokens are committed.
     """
     extra = {"request_ids": sorted(request.request_id for request in requests), **(extra_manifest or {})}
     if mode == "probe":
@@ -194,6 +195,7 @@ def run_collection(
             on_request=on_request,
             extra_manifest=extra,
             batch_size=probe_batch_size,
+            on_tokens=on_tokens,
         )
     if mode == "closed":
         if not policies:
@@ -211,5 +213,6 @@ def run_collection(
             extra_manifest=extra,
             free_running=free_running,
             batch_size=batch_size,
+            on_tokens=on_tokens,
         )
     raise ValueError(f"mode must be 'probe' or 'closed', got {mode!r}")

@@ -24,7 +24,7 @@ entropy; per stride and arm: query drift against the arm's last refresh and reta
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,6 +312,7 @@ def probe_requests(
     decision_stride: int = 8,
     target_model: Any | None = None,
     batch_size: int = 1,
+    on_tokens: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[int, ProbeResult]]:
     """Probe (prompt, response) requests, up to ``batch_size`` at a time; yield (index, result) as each ends.
 
@@ -319,7 +320,8 @@ def probe_requests(
     flight whose strides have the same length run as one forward (their arms stacked along the
     batch), and a finished request's slot goes to the next. A request's values are those it gets
     alone, up to the order of float operations in a larger batch. Models with built-in
-    sliding-window layers (GPT-OSS) run their arms one request at a time.
+    sliding-window layers (GPT-OSS) run their arms one request at a time. ``on_tokens(positions,
+    strides)`` after every stride of the requests in flight (response positions probed, strides run).
     """
     if batch_size < 1:
         raise ProbeError(f"batch_size must be >= 1, got {batch_size}")
@@ -345,6 +347,8 @@ def probe_requests(
         for group in groups.values():
             for probe, arm_logits in zip(group, _arms_forward(draft_model, group), strict=True):
                 probe.finish(arm_logits)
+        if on_tokens is not None:
+            on_tokens(sum(probe.n_new for _, probe in active), len(active))
         for index, probe in [item for item in active if item[1].done]:
             yield index, probe.result()
         active = [item for item in active if not item[1].done]

@@ -292,6 +292,7 @@ def speculative_generate_batch(
     eos_token_id: int | None = None,
     max_batch: int | None = None,
     on_finish: Callable[[int, SpeculativeResult], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[SpeculativeResult]:
     """Speculative decoding of a batch of requests (results in request order).
 
@@ -303,7 +304,8 @@ def speculative_generate_batch(
     ``max_batch`` (default: all requests) is continuous batching: at most that many requests
     run at once, and a waiting request (in order) takes the place of one that finished, so a
     slow request holds only its own slot. ``on_finish(index, result)`` is called as each
-    request finishes (in finishing order).
+    request finishes (in finishing order); ``on_progress(tokens, rounds)`` after every batched round,
+    with the output tokens it committed and the rounds it ran (one per active request).
     """
     for index, request in enumerate(requests):
         _check_request(request, index, draft_length)
@@ -332,7 +334,10 @@ def speculative_generate_batch(
             del started
         if not active:
             break
+        before = sum(len(row.output) for row in active) if on_progress is not None else 0
         done = _round(draft_model, target, draft_cache, target_cache, active, draft_length, temperature, eos_token_id)
+        if on_progress is not None:
+            on_progress(sum(len(row.output) for row in active) - before, len(active))
         if any(done):
             if on_finish is not None:
                 for row, finished in zip(active, done, strict=True):

@@ -128,3 +128,22 @@ def test_calibrate_signals_subset_for_an_engine_without_query_summaries(probe_di
     assert set(Controller.load(controller).signals_used) <= {"acceptance", "entropy"}
     calibration = json.loads((tmp_path / "run" / "calibration.json").read_text())
     assert calibration["signals"] == ["acceptance", "entropy"]
+
+
+def test_committed_tokens_move_the_line_between_finished_requests(monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 3.0, 4.0])
+    monkeypatch.setattr("rift_ada.cli._progress.time.monotonic", lambda: next(clock))
+    buffer = io.StringIO()
+    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=0) as progress:
+        finished = progress.request_callback("collect closed", 2)
+        committed = progress.tokens_callback("collect closed", 2)
+        committed(30, 8)  # two rounds of four runs, no request finished yet
+        committed(10, 4)
+        finished("a", 40)  # the request's tokens were already counted as they were committed
+        finished("b", 40)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("[collect closed] 0/2 requests (0%) | 30 tokens, 8 rounds | 0.00 requests/s | 30.0 tok")
+    assert lines[1].startswith("[collect closed] 0/2 requests (0%) | 40 tokens, 12 rounds")
+    assert lines[2].startswith("[collect closed] 1/2 requests (50%) | 40 tokens, 12 rounds")
+    assert lines[3].startswith("[collect closed] 2/2 requests (100%) | 40 tokens, 12 rounds")
+    assert lines[3].endswith("done")

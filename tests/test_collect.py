@@ -614,3 +614,33 @@ def test_controller_for_another_block_size_or_scorer_is_refused(tmp_path: Path, 
     path.write_text(json.dumps(controller))
     with pytest.raises(ValueError, match=rf"other\.json: controller does not match the run: cache\.{field} is"):
         resolve_closed_policy(str(path), CLOSED)
+
+
+def test_closed_loop_and_probe_report_committed_tokens_before_requests_finish(tmp_path: Path):
+    model, requests, targets = _small_job(3)
+    settings = CollectSettings(draft="tiny", target="tiny", budget=16, obs_window=8, arm_ages=(0, 8))
+    events: list[tuple[str, int, int]] = []
+    summary = collect_closed(
+        model, requests, targets, tmp_path / "closed", settings, ["stat", "periodic:8"],
+        on_request=lambda request_id, n: events.append(("request", n, 0)),
+        on_tokens=lambda tokens, rounds: events.append(("tokens", tokens, rounds)),
+        batch_size=4,
+    )  # fmt: skip
+    ticks = [event for event in events if event[0] == "tokens"]
+    first_request = next(i for i, event in enumerate(events) if event[0] == "request")
+    assert first_request > 1 and all(event[0] == "tokens" for event in events[:first_request])
+    assert sum(event[1] for event in ticks) == summary.output_tokens == 3 * 2 * 24
+    rounds = read_tables(tmp_path / "closed", kinds=["rounds"])["rounds"].num_rows
+    assert sum(event[2] for event in ticks) == rounds
+
+    events.clear()
+    summary = collect_probe(
+        model, requests, targets, tmp_path / "probe", settings,
+        on_request=lambda request_id, n: events.append(("request", n, 0)),
+        on_tokens=lambda tokens, strides: events.append(("tokens", tokens, strides)),
+        batch_size=2,
+    )  # fmt: skip
+    ticks = [event for event in events if event[0] == "tokens"]
+    assert events[0][0] == "tokens" and events[1][0] == "tokens"  # strides reported before any request ends
+    assert sum(event[1] for event in ticks) == summary.output_tokens == 3 * 24
+    assert sum(event[2] for event in ticks) == 3 * 3  # 24 positions, stride 8: 3 strides per request

@@ -1,0 +1,471 @@
+"""Where the limit is: closed loop, probe and target generation tokens/s against batch size, beside the roofline.
+
+    .venv/bin/python benchmarks/bench_throughput.py                      # SmolLM2-135M, batches 1 4 8 16 32
+    .venv/bin/python benchmarks/bench_throughput.py --quick              # tiny random llama, < 60 s (a test runs it)
+    .venv/bin/python benchmarks/bench_throughput.py --against /tmp/old   # + the same cells on other code, interleaved
+    .venv/bin/python benchmarks/bench_throughput.py --profile 16         # + a profile of one closed-loop round, B = 16
+
+Every cell (stage, batch b) runs b ragged requests (prompt lengths ISL - 8 i, i < 16) through the
+library function a collection calls, in a worker process that loaded the model once:
+
+- ``targets``: `generate_responses` of b prompts (greedy, EOS suppressed), tokens = output tokens;
+- ``closed``: `speculative_generate_batch(max_batch=b)` of b teacher-forced runs (rift-stat budget B,
+  periodic refresh every 32 tokens, K = 11, T = 0, KV self-speculation), tokens = committed tokens;
+- ``probe``: `probe_requests(batch_size=b)` of b requests (default arms, stride 8), tokens = positions.
+
+The forced responses are generated once (the first worker, greedy) and shared by every worker.
+tok/s is end to end (each request's prefill included); ``decode`` leaves out the prefills, timed in
+the same worker. With ``--against DIR`` a second worker imports rift_ada from DIR (a package tree
+made by ``--make-tree``) and every cell runs on both, alternately, so the ratio new/old of one cell
+is measured side by side.
+
+Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and
+the best GEMM rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over
+contexts c streams the weights of every Linear (the lm_head included) plus the KV it reads, and
+costs 2 n P + 4 n L H d c FLOPs; its floor is max(bytes / bandwidth, FLOPs / GEMM rate). A stage's
+floor per committed token adds its forwards: closed loop per round K single-token draft steps over
+the budget, one verification of K + 1 tokens over the full context, one re-feed of AL tokens over
+the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
+canonical pass over the full context; targets one forward of b tokens over the full context.
+``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the
+bound that stops the stage. Torch runs on 1 thread by default (a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STAGES = ("closed", "probe", "targets")
+DRAFT_LENGTH = 11
+
+
+# ---- the machine: bandwidth and GEMM rate ------------------------------------------------------------
+def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a large tensor copy (read + write)."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 4 / best
+
+
+def measure_gemm(hidden: int, intermediate: int, dtype: torch.dtype, rows: tuple[int, ...] = (64, 256, 1024, 2048)):
+    """{M: FLOP/s} of (M, hidden) @ (hidden, intermediate), best of a few."""
+    rates = {}
+    weight = torch.randn(hidden, intermediate, dtype=dtype)
+    for m in rows:
+        x = torch.randn(m, hidden, dtype=dtype)
+        torch.mm(x, weight)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.mm(x, weight)
+            best = min(best, time.perf_counter() - start)
+        rates[m] = 2 * m * hidden * intermediate / best
+    return rates
+
+
+# ---- the model's cost per forward ------------------------------------------------------------------
+def model_costs(model: Any) -> dict[str, float]:
+    """Linear weight bytes and parameters (tied weights once), layers, heads, head dim, KV heads, element size."""
+    seen, params, weight_bytes = set(), 0, 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight.data_ptr() not in seen:
+            seen.add(module.weight.data_ptr())
+            params += module.weight.numel()
+            weight_bytes += module.weight.numel() * module.weight.element_size()
+    config = model.config
+    heads = config.num_attention_heads
+    return {
+        "params": params,
+        "weight_bytes": weight_bytes,
+        "layers": config.num_hidden_layers,
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", heads),
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "element": next(model.parameters()).element_size(),
+        "hidden": config.hidden_size,
+        "intermediate": config.intermediate_size,
+    }
+
+
+def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float, gemm: float, budget: int) -> dict:
+    """Seconds per committed token under the memory and the compute floor, from the cell's own shape."""
+    batch, context = cell["batch"], cell["mean_context"]
+    layers, heads, kv_heads, head_dim = costs["layers"], costs["heads"], costs["kv_heads"], costs["head_dim"]
+    kv_bytes_per_key = 2 * layers * kv_heads * head_dim * costs["element"]
+
+    def forward(tokens: float, rows: float, keys_per_row: float) -> tuple[float, float]:
+        """(bytes, FLOPs) of one forward: ``rows`` rows, ``tokens`` tokens in all, each row reads its keys once."""
+        flops = 2 * costs["params"] * tokens + 4 * layers * heads * head_dim * keys_per_row * tokens
+        return costs["weight_bytes"] + kv_bytes_per_key * keys_per_row * rows, flops
+
+    working = min(budget, context)
+    if cell["stage"] == "targets":
+        parts, committed = [forward(batch, batch, context)], batch
+    elif cell["stage"] == "closed":
+        al = cell["tokens"] / max(1, cell["rounds"])  # committed tokens per row-round
+        parts = [forward(batch, batch, working)] * DRAFT_LENGTH
+        parts += [forward(batch * (DRAFT_LENGTH + 1), batch, context), forward(batch * al, batch, working)]
+        committed = batch * al
+    else:  # probe: per stride, every arm's stride tokens over its working set, the canonical pass over all
+        stride, arms = 8, cell["arms"]
+        parts = [forward(batch * arms * stride, batch * arms, working), forward(batch * stride, batch, context)]
+        committed = batch * stride
+    memory = sum(p[0] for p in parts) / bandwidth
+    compute = sum(p[1] for p in parts) / gemm
+    return {"memory_tok_s": committed / memory, "compute_tok_s": committed / compute}
+
+
+# ---- requests --------------------------------------------------------------------------------------
+def make_prompts(args: argparse.Namespace, tokenizer: Any, count: int) -> list[list[int]]:
+    """``count`` ragged prompts: request i keeps ISL - 8 (i mod 16) tokens."""
+    if tokenizer is None:
+        generator = torch.Generator().manual_seed(args.seed)
+        base = [torch.randint(0, 96, (args.isl,), generator=generator).tolist() for _ in range(4)]
+    else:
+        from rift_ada.collectors.datasets import encode_prompt, load_dataset
+
+        encoded = [encode_prompt(tokenizer, r.prompt_messages) for r in load_dataset("embedded:small", tokenizer)]
+        base = [ids for ids in encoded if len(ids) >= args.isl] or encoded
+        base = [(ids * (args.isl // len(ids) + 1))[-args.isl :] for ids in base]
+    return [base[i % len(base)][8 * (i % 16) :] for i in range(count)]
+
+
+def load(args: argparse.Namespace) -> tuple[Any, Any]:
+    if args.quick:
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        )  # fmt: skip
+        torch.manual_seed(args.seed)
+        return transformers.LlamaForCausalLM(config).eval(), None
+    from rift_ada.models import PRESETS, load_model
+
+    return load_model(PRESETS[args.preset].draft, device="cpu", dtype=args.dtype)
+
+
+# ---- the worker: one model, cells on request -------------------------------------------------------
+def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]] | None):
+    from rift_ada.budget import make_policy
+    from rift_ada.collectors.targets import ResponseRequest, generate_responses
+
+    stage, batch, budget, tokens = job["stage"], job["batch"], job["budget"], job["tokens"]
+    chosen = prompts[:batch]
+    eos = job.get("eos")
+    policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
+    out: dict[str, Any] = {"stage": stage, "batch": batch}
+    start = time.perf_counter()
+    if stage == "targets":
+        asks = [ResponseRequest(p, tokens, i, tokens) for i, p in enumerate(chosen)]
+        result = generate_responses(model, asks, eos_token_id=eos)
+        out["tokens"], out["result"] = sum(map(len, result)), result
+    elif stage == "closed":
+        from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate_batch
+
+        requests = [
+            BatchRequest(p, policy, seed=i, refresh_hook=PeriodicRefresh(32), forced_tokens=r[:tokens])
+            for i, (p, r) in enumerate(zip(chosen, responses, strict=False))
+        ]
+        result = speculative_generate_batch(model, requests, draft_length=DRAFT_LENGTH, max_batch=batch)
+        out["tokens"] = sum(len(r.tokens) for r in result)
+        out["rounds"] = sum(len(r.rounds) for r in result)
+        out["result"] = [[r.tokens, [x.accepted for x in r.rounds], r.refreshes] for r in result]
+    else:
+        from rift_ada.collectors.probe import probe_requests
+        from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+
+        texts = [(p, r[:tokens]) for p, r in zip(chosen, responses, strict=False)]
+        result = dict(probe_requests(model, texts, policy=policy, batch_size=batch))
+        out["tokens"] = sum(len(r) for _, r in texts)
+        out["arms"] = 1 + sum(1 for age in DEFAULT_ARM_AGES if age // 8 < -(-tokens // 8) - 1)
+        out["result"] = [[float(result[i].outcome.sum()), float(result[i].entropy.sum())] for i in range(len(texts))]
+    out["seconds"] = time.perf_counter() - start
+    out["mean_context"] = statistics.mean(len(p) for p in chosen) + tokens / 2
+    return out
+
+
+def time_prefills(model: Any, prompts: list[list[int]]) -> float:
+    """Seconds of one full-KV forward of each prompt but its last token (what every stage pays per request)."""
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        for prompt in prompts:
+            model(input_ids=torch.tensor([prompt[:-1]]), cache=DynamicCache(config=model.config))
+    return time.perf_counter() - start
+
+
+def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]]) -> dict:
+    """Self CPU time of one closed-loop round at batch b, grouped: GEMM, attention, cache ops, other ops, Python."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import rift_ada.speculative as speculative
+    from rift_ada.budget import make_policy
+
+    batch = job["batch"]
+    policy = make_policy("rift-stat", budget=job["budget"], obs_window=min(64, job["budget"]))
+    requests = [
+        speculative.BatchRequest(p, policy, seed=i, refresh_hook=speculative.PeriodicRefresh(32), forced_tokens=r)
+        for i, (p, r) in enumerate(zip(prompts[:batch], responses, strict=False))
+    ]
+    original = speculative._round
+    state: dict[str, Any] = {"round": 0}
+
+    def round_with_profile(*a: Any, **k: Any) -> Any:
+        state["round"] += 1
+        if state["round"] != 3:  # past the first rounds (rings and masks built)
+            return original(*a, **k)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            original(*a, **k)
+            state["wall"] = time.perf_counter() - start
+        state["prof"] = prof
+        raise StopIteration
+
+    speculative._round = round_with_profile
+    try:
+        speculative.speculative_generate_batch(model, requests, draft_length=DRAFT_LENGTH)
+    except StopIteration:
+        pass
+    finally:
+        speculative._round = original
+    groups = {"gemm": 0.0, "attention": 0.0, "cache ops": 0.0, "other ops": 0.0}
+    gemm = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
+    attention = ("scaled_dot_product", "attention", "aten::_softmax", "aten::softmax", "aten::einsum")
+    cache = ("copy", "cat", "index", "gather", "scatter", "slice", "select", "stack", "pad", "roll", "where",
+             "masked_fill", "zeros", "empty", "fill", "clone", "expand", "tensor", "arange", "to", "item")  # fmt: skip
+    ops = 0.0
+    top = []
+    for event in state["prof"].key_averages():
+        self_s = event.self_cpu_time_total / 1e6
+        ops += self_s
+        name = event.key
+        top.append((self_s, name))
+        if any(name.startswith(g) for g in gemm):
+            groups["gemm"] += self_s
+        elif any(a in name for a in attention):
+            groups["attention"] += self_s
+        elif any(c in name for c in cache):
+            groups["cache ops"] += self_s
+        else:
+            groups["other ops"] += self_s
+    groups["python and dispatch"] = max(0.0, state["wall"] - ops)
+    return {"wall": state["wall"], "groups": groups, "top": sorted(top, reverse=True)[:12]}
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Read jobs (JSON lines) on stdin, answer each with a JSON line on stdout."""
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from rift_ada.memory import cap_heap_growth
+
+    cap_heap_growth()
+    model, tokenizer = load(args)
+    prompts = make_prompts(args, tokenizer, max(args.batches))
+    eos = None if tokenizer is None else tokenizer.eos_token_id
+    responses = None
+    print(json.dumps({"ready": True, "costs": model_costs(model), "code": __import__("rift_ada").__file__}), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        job["eos"] = eos
+        if job["stage"] == "responses":
+            responses = job.get("responses")
+            if responses is None:
+                cell = run_cell(model, {**job, "stage": "targets"}, prompts, None)
+                responses = cell["result"]
+            print(json.dumps({"responses": responses}), flush=True)
+        elif job["stage"] == "prefill":
+            print(json.dumps({"prefill": time_prefills(model, prompts[: job["batch"]])}), flush=True)
+        elif job["stage"] == "profile":
+            print(json.dumps(profile_round(model, job, prompts, responses)), flush=True)
+        else:
+            print(json.dumps(run_cell(model, job, prompts, responses)), flush=True)
+    return 0
+
+
+class Worker:
+    def __init__(self, argv: list[str], tree: str | None):
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        if tree:
+            env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            text=True,
+        )  # fmt: skip
+        self.hello = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"worker exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def ask(self, job: dict[str, Any]) -> dict[str, Any]:
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def make_tree(commit: str, destination: str) -> None:
+    """A package tree of rift_ada at ``commit`` (rift_ada/ with collectors/, policies/, calibrate/, cli/ inside)."""
+    root = Path(__file__).resolve().parent.parent
+    target = Path(destination) / "rift_ada"
+    target.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        archive = subprocess.run(["git", "-C", str(root), "archive", commit], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
+        subprocess.run(["cp", "-r", f"{scratch}/rift_ada/.", str(target)], check=True)
+        for package in ("collectors", "policies", "calibrate", "cli"):
+            subprocess.run(["cp", "-r", f"{scratch}/{package}", str(target / package)], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="smollm2-135m")
+    parser.add_argument("--quick", action="store_true", help="tiny random llama, batches 1 4, few tokens")
+    parser.add_argument("--batches", default="1,4,8,16,32")
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--isl", type=int, default=448, help="longest prompt (request i keeps ISL - 8 (i mod 16))")
+    parser.add_argument("--tokens", type=int, default=48, help="output tokens per request (closed loop, targets)")
+    parser.add_argument("--probe-tokens", type=int, default=64, help="response tokens per probed request")
+    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--against", help="a package tree (see --make-tree) to run every cell on too, alternately")
+    parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
+    parser.add_argument("--profile", type=int, default=0, help="profile one closed-loop round at this batch")
+    parser.add_argument("--json", help="write every cell's figures here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.isl, args.tokens, args.probe_tokens, args.budget = 64, 16, 24, 16
+        if args.batches == parser.get_default("batches"):
+            args.batches = "1,4"
+    args.batches = [int(b) for b in str(args.batches).split(",")] if isinstance(args.batches, str) else args.batches
+    if args.make_tree:
+        make_tree(*args.make_tree)
+        return 0
+    if args.worker:
+        return worker(args)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    given, forwarded = list(argv if argv is not None else sys.argv[1:]), []
+    while given:  # the worker gets every option but the parent's own
+        option = given.pop(0)
+        if option in ("--json", "--against"):
+            given.pop(0) if given else None
+        elif not option.startswith(("--json=", "--against=")):
+            forwarded.append(option)
+    workers = {"new": Worker(forwarded, None)}
+    if args.against:
+        workers["old"] = Worker(forwarded, args.against)
+    costs = workers["new"].hello["costs"]
+    dtype = getattr(torch, args.dtype)
+    load_before = os.getloadavg()[0]
+    bandwidth = measure_bandwidth(64 if args.quick else 256)
+    rates = measure_gemm(int(costs["hidden"]), int(costs["intermediate"]), dtype)
+    gemm = max(rates.values())
+    responses = workers["new"].ask({"stage": "responses", "batch": max(args.batches), "tokens": max(args.tokens,
+                                    args.probe_tokens), "budget": args.budget})["responses"]  # fmt: skip
+    for w in workers.values():
+        if w is not workers["new"]:
+            w.ask({"stage": "responses", "responses": responses})
+    stages = args.stages.split(",")
+    cells: list[dict[str, Any]] = []
+    for stage in stages:
+        for batch in args.batches:
+            job = {"stage": stage, "batch": batch, "budget": args.budget,
+                   "tokens": args.probe_tokens if stage == "probe" else args.tokens}  # fmt: skip
+            for repeat in range(args.repeats):
+                order = list(workers) if repeat % 2 == 0 else list(workers)[::-1]
+                for name in order:
+                    cell = workers[name].ask(job)
+                    cell["code"] = name
+                    cells.append(cell)
+    prefills = {b: workers["new"].ask({"stage": "prefill", "batch": b})["prefill"] for b in args.batches}
+    profile = (
+        workers["new"].ask({"stage": "profile", "batch": args.profile, "budget": args.budget}) if args.profile else None
+    )
+    for w in workers.values():
+        w.close()
+    load_after = os.getloadavg()[0]
+
+    low = max(1, args.isl - 120)
+    print(
+        f"throughput: {'tiny llama' if args.quick else args.preset} {args.dtype}, ISL {low}-{args.isl} (ragged), "
+        f"closed/targets {args.tokens} tokens, probe {args.probe_tokens}, budget {args.budget}, K = {DRAFT_LENGTH}, "
+        f"T = 0, {torch.get_num_threads()} thread(s), load {load_before:.1f} / {load_after:.1f}"
+    )
+    shape = f"({int(costs['hidden'])} x {int(costs['intermediate'])})"
+    gemms = ", ".join(f"M={m}: {r / 1e9:.1f}" for m, r in rates.items())
+    print(f"  machine: copy bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM {shape} {gemms} GFLOP/s")
+    print(f"  model: {costs['params'] / 1e6:.1f} M Linear parameters, {costs['weight_bytes'] / 2**20:.0f} MiB weights")
+    columns = ("stage", "batch", "code", "tok/s", "decode", "mem floor", "gemm floor", "%mem", "%gemm")
+    print("  " + " ".join(f"{c:>10}" for c in columns))
+    summary = []
+    for stage in stages:
+        for batch in args.batches:
+            for name in workers:
+                mine = [c for c in cells if c["stage"] == stage and c["batch"] == batch and c["code"] == name]
+                seconds = statistics.median(c["seconds"] for c in mine)
+                tok = mine[0]["tokens"]
+                decode_s = max(1e-9, seconds - prefills[batch])
+                floor = stage_floor(mine[0], costs, bandwidth, gemm, args.budget)
+                rate, decode = tok / seconds, tok / decode_s
+                row = {
+                    "stage": stage, "batch": batch, "code": name, "tok_s": rate, "decode_tok_s": decode, **floor,
+                    "seconds": [c["seconds"] for c in mine], "tokens": tok, "rounds": mine[0].get("rounds"),
+                }  # fmt: skip
+                summary.append(row)
+                values = (
+                    stage, batch, name, f"{rate:.1f}", f"{decode:.1f}", f"{floor['memory_tok_s']:.1f}",
+                    f"{floor['compute_tok_s']:.1f}", f"{100 * decode / floor['memory_tok_s']:.0f}%",
+                    f"{100 * decode / floor['compute_tok_s']:.0f}%",
+                )  # fmt: skip
+                print("  " + " ".join(f"{v:>10}" for v in values))
+    if args.against:
+        for stage in stages:
+            for batch in args.batches:
+                pair = {c["code"]: c for c in cells if c["stage"] == stage and c["batch"] == batch}
+                same = pair["new"]["result"] == pair["old"]["result"]
+                new = next(r for r in summary if r["stage"] == stage and r["batch"] == batch and r["code"] == "new")
+                old = next(r for r in summary if r["stage"] == stage and r["batch"] == batch and r["code"] == "old")
+                print(f"  {stage} batch {batch}: new/old {new['tok_s'] / old['tok_s']:.2f}x; same results: {same}")
+    if profile:
+        groups = profile["groups"]
+        total = profile["wall"]
+        print(f"  profile of one closed-loop round at batch {args.profile}: {total * 1e3:.0f} ms")
+        for name, seconds in groups.items():
+            print(f"    {name:20} {seconds * 1e3:8.1f} ms  {100 * seconds / total:5.1f}%")
+        print("    top ops (self CPU): " + "; ".join(f"{n} {s * 1e3:.1f} ms" for s, n in profile["top"][:8]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cells": summary, "profile": profile, "bandwidth": bandwidth,
+                                               "gemm": rates, "prefill": prefills}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
