@@ -103,6 +103,8 @@ def generate_responses(
         device = next(model.parameters()).device
         ids = torch.tensor([request.prompt_ids], device=device)
         logits.append(model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1])
+        for layer in cache.budgeted_layers:  # decoding reads no query summaries
+            layer.keeps_queries = False
         caches.append(cache)
         active.append(index)
     if not active:

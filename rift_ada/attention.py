@@ -107,7 +107,8 @@ def budgeted_attention(
 ) -> torch.Tensor:
     """Masked attention over the working set; returns (b, q, h, d)."""
     layer = pending.layer
-    layer.record_queries(query, _inverse_rope(module, query), pending)
+    if layer.wants_queries():
+        layer.record_queries(query, _inverse_rope(module, query), pending)
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv = key.shape[1]
     group = n_heads // n_kv
@@ -164,10 +165,10 @@ def _make_interface(base: str) -> Callable[..., Any]:
             from rift_ada.batch_cache import batched_attention
 
             scaling = kwargs.get("scaling") or module.scaling
-            output = batched_attention(module, query, key, value, pending, scaling, _inverse_rope(module, query))
+            output = batched_attention(module, query, key, value, pending, scaling, _inverse_rope)
             return output, None
         if pending is None or (pending.full and not pending.layer.wants_full_probs(pending)):
-            if pending is not None:
+            if pending is not None and pending.layer.wants_queries():
                 pending.layer.record_queries(query, _inverse_rope(module, query), pending)
             return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling

@@ -26,7 +26,7 @@ Requests prefill alone (exactly as a single request does), then join: `BatchedCa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -58,6 +58,7 @@ class BatchPending:
     sizes: list[int]  # keys of each row in the padded working set
     n_new: int
     spans: list[int] | None = None  # batch rows each note covers (a probe request's arms); None: one each
+    maskless: bool = False  # every query sees every key of its row (single-token steps over equal working sets)
 
     def row_slices(self) -> list[slice]:
         """The batch rows of each note."""
@@ -88,6 +89,7 @@ class BatchedLayer(DynamicLayer):
         self.counts: list[int] | None = None
         self.is_initialized = True
         self.rings: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._ring_pointers: tuple[Any, list[int]] = (None, [])  # (rings, each row's data pointer in them)
         first = rows[0].keys
         capacity = max(row.keys.shape[2] for row in rows)
         self.keys = first.new_zeros(len(rows), first.shape[1], capacity, first.shape[3])
@@ -187,10 +189,12 @@ class BatchedLayer(DynamicLayer):
         rings = self.rings
         if rings is None or rings[0].shape[0] != len(self.rows):
             return None
+        if self._ring_pointers[0] is not rings:
+            self._ring_pointers = (rings, [rings[0][index].data_ptr() for index in range(len(self.rows))])
         slots = []
-        for index, row in enumerate(self.rows):
+        for row, pointer in zip(self.rows, self._ring_pointers[1], strict=True):
             slot = row.ring_step_slot()
-            if slot is None or row.ring_keys().data_ptr() != rings[0][index].data_ptr():  # type: ignore[union-attr]
+            if slot is None or row.ring_keys().data_ptr() != pointer:  # type: ignore[union-attr]
                 return None
             slots.append(slot)
         return slots
@@ -198,15 +202,15 @@ class BatchedLayer(DynamicLayer):
     def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
         """A single-token step of budgeted rows with current rings: two index writes for the batch."""
         device = self.keys.device
-        rows = torch.arange(len(self.rows), device=device)
-        positions = torch.tensor([row.length for row in self.rows], device=device)
-        ring_slots = torch.tensor(slots, device=device)
+        rows = _index_tensor(tuple(range(len(self.rows))), device, 0)
+        positions = _index_tensor(tuple(row.length for row in self.rows), device, 1)
+        ring_slots = _index_tensor(tuple(slots), device, 2)
         keys, values = key_states[:, :, 0], value_states[:, :, 0]
         self.keys[rows, :, positions], self.values[rows, :, positions] = keys, values
         self.rings[0][rows, :, ring_slots], self.rings[1][rows, :, ring_slots] = keys, values  # type: ignore[index]
-        notes: list[PendingAttention | None] = [row.ring_step_done() for row in self.rows]
+        notes: list[PendingAttention | None] = [row.ring_step_done() for row in self.rows]  # None: records nothing
         width = self.rings[0].shape[2]  # type: ignore[index]
-        set_pending(self.layer_idx, BatchPending(self, notes, [1] * len(notes), [width] * len(notes), 1))
+        set_pending(self.layer_idx, BatchPending(self, notes, [1] * len(notes), [width] * len(notes), 1, maskless=True))
         return self.rings
 
     def _batched_rings(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,6 +231,19 @@ class BatchedLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         for row in self.rows:
             row.crop(tokens_to_remove)
+
+
+_last_index: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # kind -> (values, tensor), shared by the layers
+
+
+def _index_tensor(values: tuple[int, ...], device: torch.device, kind: int) -> torch.Tensor:
+    """``torch.tensor(values)``, reused while consecutive layers of a forward ask for the same values."""
+    last = _last_index.get(kind)
+    if last is not None and last[0] == values and last[1].device == device:
+        return last[1]
+    tensor = torch.tensor(values, device=device)
+    _last_index[kind] = (values, tensor)
+    return tensor
 
 
 _last_mask: list[Any] = [None, None]  # (key, mask): the layers of one forward mostly share their rows' masks
@@ -297,18 +314,22 @@ def batched_attention(
     value: torch.Tensor,
     pending: BatchPending,
     scaling: float,
-    pre_rope_query: torch.Tensor,
+    inverse_rope: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """Attention of a batch whose rows have their own working sets; returns (b, q, h, d)."""
+    """Attention of a batch whose rows have their own working sets; returns (b, q, h, d).
+
+    ``inverse_rope(module, query)`` gives the pre-RoPE queries, computed only when a row records them."""
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv = key.shape[1]
     group = n_heads // n_kv
-    group_mean = group_query_mean(pre_rope_query, n_kv)
     slices = pending.row_slices()
+    group_mean = None
     for rows, note, count in zip(slices, pending.rows, pending.counts, strict=True):
-        if note is not None:
+        if note is not None and note.layer.wants_queries():
+            if group_mean is None:
+                group_mean = group_query_mean(inverse_rope(module, query), n_kv)
             note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
-    mask = batch_mask(pending, n_kv, key.device)
+    mask = None if pending.maskless else batch_mask(pending, n_kv, key.device)
     sinks = getattr(module, "sinks", None)
     needs_probs = any(note is not None and note.layer.needs_probs(note) for note in pending.rows)
     if sinks is None and not needs_probs:
@@ -410,6 +431,12 @@ class BatchedCache(BudgetedCache):
 
     def row(self, index: int) -> RowCache:
         return RowCache([self.layers[i].rows[index] for i in self.budgeted_indices])
+
+    def keep_queries(self, keep: bool) -> None:
+        """Whether forwards record their queries in the rows (False for draft steps a rollback discards)."""
+        for index in self.row_indices:
+            for row in self.layers[index].rows:
+                row.keeps_queries = keep
 
     def set_counts(self, counts: list[int] | None) -> None:
         for index in self.row_indices:

@@ -99,6 +99,10 @@ class BudgetedLayer(DynamicLayer):
         self.mass_targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
         self.force_full = False  # probe: the canonical pass attends to everything and stores it
+        # False: forwards past the prefill record no queries (a target's cache, whose summaries nobody reads,
+        # or draft steps that a rollback discards anyway: `BatchedCache.keep_queries`)
+        self.keeps_queries = True
+        self._window, self._capacity = policy.window, policy.selected  # read on every step (policy is frozen)
         self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
         self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
         self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
@@ -151,11 +155,11 @@ class BudgetedLayer(DynamicLayer):
     # ---- working set -----------------------------------------------------------------------
     @property
     def window(self) -> int:
-        return self.policy.window
+        return self._window
 
     @property
     def capacity(self) -> int:
-        return self.policy.selected
+        return self._capacity
 
     def working_set(self, query_position: int | None = None) -> list[list[int]]:
         """Positions a query at ``query_position`` (default: the next one) attends to, per KV head (batch 0)."""
@@ -348,12 +352,13 @@ class BudgetedLayer(DynamicLayer):
             return None
         return self.selection.shape[-1] + self.length % self.window
 
-    def ring_step_done(self) -> PendingAttention:
+    def ring_step_done(self) -> PendingAttention | None:
         """Bookkeeping of a single-token step whose key and value a batch wrote into the stored KV
-        and the ring (at `ring_step_slot`): what `update` does besides those writes."""
+        and the ring (at `ring_step_slot`): what `update` does besides those writes. Returns the
+        attention note, or None when the step records no queries (its single query needs no mask)."""
         first = self.length
         self.length = self._ring_length = first + 1
-        return self._ring_note(first)
+        return self._ring_note(first) if self.wants_queries() else None
 
     def ring_keys(self) -> torch.Tensor | None:
         """The keys of the [selection | window ring] buffer (None: no ring yet)."""
@@ -437,6 +442,10 @@ class BudgetedLayer(DynamicLayer):
         """A prefilled full-policy layer outside the probe: each query sees every stored key up to itself."""
         return self.policy.is_full and self.prefilled and self.arm_selection is None and self.mass_targets is None
 
+    def wants_queries(self) -> bool:
+        """Whether the next forward's queries must reach `record_queries` (the prefill's always do)."""
+        return self.keeps_queries or not self.prefilled
+
     def record_queries(
         self,
         query: torch.Tensor,
@@ -446,7 +455,8 @@ class BudgetedLayer(DynamicLayer):
     ) -> None:
         """Keep the latest ``obs_window`` post-RoPE queries (for rescoring; a full policy never rescores,
         so it keeps none) and the pre-RoPE query sum per group. ``group_mean``: `group_query_mean`
-        of ``pre_rope_query`` when the caller has it (a batch computes it once for all rows)."""
+        of ``pre_rope_query`` when the caller has it (a batch computes it once for all rows).
+        Callers skip it when `wants_queries` is False."""
         batch, n_heads, n_queries, head_dim = query.shape
         n_kv = self.keys.shape[1]
         if group_mean is None:

@@ -31,7 +31,7 @@ import torch
 
 from rift_ada.batch_cache import BatchedCache
 from rift_ada.budget import CachePolicy, make_policy
-from rift_ada.cache import BudgetedCache, make_draft_cache
+from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
 
 FULL_POLICY = make_policy("full")  # the target's cache: full KV, per-request lengths
 
@@ -264,6 +264,9 @@ def _start_row(
     else:
         target_cache = row_cache(target, FULL_POLICY)
         _forward(target, prompt[:-1], target_cache, 0, logits=False)
+    for layer in target_cache.layers:  # nothing reads a target's query summaries
+        if isinstance(layer, BudgetedLayer):
+            layer.keeps_queries = False
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
@@ -354,33 +357,39 @@ def speculative_generate_batch(
 def _draft(
     draft_model: Any, cache: BatchedCache, active: list[_Row], steps: list[int], temperature: float
 ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[float]]]:
-    """Draft up to ``steps[i]`` tokens per row, one batched single-token forward per step."""
+    """Draft up to ``steps[i]`` tokens per row, one batched single-token forward per step.
+
+    The steps record no queries: the round's rollback would discard them (`BatchedCache.keep_queries`)."""
     drafted: list[list[int]] = [[] for _ in active]
     dists: list[list[torch.Tensor]] = [[] for _ in active]
     entropies: list[list[float]] = [[] for _ in active]
     feeds = [[row.pending] for row in active]
     positions = [row.cache_length for row in active]
-    for step in range(max(steps)):
-        logits = torch.stack([out[-1] for out in forward_rows(draft_model, cache, feeds, positions)])
-        step_entropy = _entropy(logits, temperature).tolist()
-        greedy = logits.argmax(-1).tolist()
-        for index, row in enumerate(active):
-            if step >= steps[index]:  # this row has drafted enough; its extra step is rolled back
-                continue
-            forced = row.request.forced_tokens
-            entropies[index].append(step_entropy[index])
-            if forced is not None and temperature > 0:
-                token = forced[len(row.output) + step]
-                dists[index].append(_probs(logits[index], temperature))
-            elif temperature > 0:
-                dist = _probs(logits[index], temperature)
-                dists[index].append(dist)
-                token = int(torch.multinomial(dist, 1, generator=row.generator))
-            else:
-                token = greedy[index]
-            drafted[index].append(token)
-            feeds[index] = [token]
-        positions = [position + 1 for position in positions]
+    cache.keep_queries(False)
+    try:
+        for step in range(max(steps)):
+            logits = torch.stack([out[-1] for out in forward_rows(draft_model, cache, feeds, positions)])
+            step_entropy = _entropy(logits, temperature).tolist()
+            greedy = logits.argmax(-1).tolist()
+            for index, row in enumerate(active):
+                if step >= steps[index]:  # this row has drafted enough; its extra step is rolled back
+                    continue
+                forced = row.request.forced_tokens
+                entropies[index].append(step_entropy[index])
+                if forced is not None and temperature > 0:
+                    token = forced[len(row.output) + step]
+                    dists[index].append(_probs(logits[index], temperature))
+                elif temperature > 0:
+                    dist = _probs(logits[index], temperature)
+                    dists[index].append(dist)
+                    token = int(torch.multinomial(dist, 1, generator=row.generator))
+                else:
+                    token = greedy[index]
+                drafted[index].append(token)
+                feeds[index] = [token]
+            positions = [position + 1 for position in positions]
+    finally:
+        cache.keep_queries(True)
     return drafted, dists, entropies
 
 
