@@ -12,8 +12,8 @@ is one pass per arm per stride, plus one rescoring of the arms that will read it
 stride's selection N tokens later, if the response lasts that long). An arm at least as old as
 the response's last stride start never refreshes, so it would repeat ``stat``: it is not run, and
 its rows are stat's. Several requests can be probed at once (`probe_requests`): their arms'
-forwards are stacked along the batch (`rift_ada.batch_cache.StackedArmsCache`), everything else
-stays per request.
+forwards are stacked along the batch (`rift_ada.batch_cache.StackedArmsCache`), and so are their
+canonical passes; rescoring and a separate target's pass stay per request.
 
 Recorded per output position and arm: the outcome a round would see there (T = 0: does the draft's
 greedy token equal the target token; T > 0: sum_x min(p_target(x), q_draft(x)), and the acceptance
@@ -228,13 +228,16 @@ class _RequestProbe:
             layer.mass_targets = [working_set]
         return self.tokens
 
-    def finish(self, arm_logits: torch.Tensor) -> None:
-        """The canonical (and target) pass of the stride and every value recorded for it."""
+    def finish(self, arm_logits: torch.Tensor, full_logits: torch.Tensor | None = None) -> None:
+        """The canonical (and target) pass of the stride and every value recorded for it.
+
+        ``full_logits`` (1, n_new, vocab): the canonical pass already run (stacked with other requests')."""
         stride, n_new, position, temperature = self.stride, self.n_new, self.position, self.temperature
         first = stride * self.decision_stride
         layers, arm_history, full_history = self.layers, self.arm_history, self.full_history
         arm_history[stride] = [layer.arm_query_sum / n_new for layer in self.arm_layers]
-        full_logits = _forward(self.draft_model, self.tokens, self.canonical, position)
+        if full_logits is None:
+            full_logits = _forward(self.draft_model, self.tokens, self.canonical, position)
         full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
         for table in (arm_history, full_history):
             table.pop(stride - self.max_age_strides - 2, None)
@@ -301,6 +304,19 @@ def _arms_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Te
     return list(logits.split([probe.compressed for probe in group]))
 
 
+def _canonical_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Tensor | None]:
+    """The group's canonical passes (full attention over each request's stored KV) as one forward;
+    per request (1, n_new, vocab), or None for each when they run alone (one request)."""
+    if len(group) == 1:
+        return [None]
+    stacked = StackedArmsCache([probe.canonical for probe in group])
+    tokens = torch.cat([probe.tokens for probe in group])
+    starts = torch.tensor([probe.position for probe in group])
+    logits = _forward(draft_model, tokens, stacked, starts)
+    stacked.split()
+    return list(logits.split(1))
+
+
 @torch.no_grad()
 def probe_requests(
     draft_model: Any,
@@ -345,8 +361,10 @@ def probe_requests(
             probe.prepare()
             groups.setdefault(probe.n_new if probe.stackable else -id(probe), []).append(probe)
         for group in groups.values():
-            for probe, arm_logits in zip(group, _arms_forward(draft_model, group), strict=True):
-                probe.finish(arm_logits)
+            arm_logits = _arms_forward(draft_model, group)
+            full_logits = _canonical_forward(draft_model, group)
+            for probe, arms, full in zip(group, arm_logits, full_logits, strict=True):
+                probe.finish(arms, full)
         if on_tokens is not None:
             on_tokens(sum(probe.n_new for _, probe in active), len(active))
         for index, probe in [item for item in active if item[1].done]:

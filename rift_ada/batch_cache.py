@@ -307,6 +307,11 @@ def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch
     return mask
 
 
+def _wants_probs(note: PendingAttention) -> bool:
+    """A row whose layer reads this forward's attention probabilities (H2O; a probe's canonical pass)."""
+    return note.layer.needs_probs(note) or (note.full and note.layer.wants_full_probs(note))
+
+
 def batched_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -331,7 +336,8 @@ def batched_attention(
             note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
     mask = None if pending.maskless else batch_mask(pending, n_kv, key.device)
     sinks = getattr(module, "sinks", None)
-    needs_probs = any(note is not None and note.layer.needs_probs(note) for note in pending.rows)
+    wants = [note is not None and _wants_probs(note) for note in pending.rows]
+    needs_probs = any(wants)
     if sinks is None and not needs_probs:
         if mask is not None and group > 1:
             mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
@@ -348,8 +354,8 @@ def batched_attention(
         probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(logits, dim=-1)
-    for rows, note, count, size in zip(slices, pending.rows, pending.counts, pending.sizes, strict=True):
-        if note is not None and note.layer.needs_probs(note):
+    for rows, note, count, size, wanted in zip(slices, pending.rows, pending.counts, pending.sizes, wants, strict=True):
+        if wanted:
             note.layer.observe_attention(probs[rows, :, :, :count, :size], note)
     output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
     return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()

@@ -10,6 +10,8 @@ from scipy.stats import chisquare
 from tiny_models import VOCAB, tiny_model
 
 from rift_ada.budget import make_policy
+from rift_ada.controller import Controller, make_controller_dict
+from rift_ada.hooks import ControllerRefresh
 from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate, speculative_generate_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -162,3 +164,55 @@ def test_max_batch_must_be_positive():
     model = tiny_model("llama", seed=7)
     with pytest.raises(ValueError, match="max_batch"):
         speculative_generate_batch(model, _mixed_requests(_prompt(45, 20))[:1], max_batch=0)
+
+
+def _drift_hook() -> ControllerRefresh:
+    """A controller reading query summaries (query drift) and acceptance, every stride recorded."""
+    policy = {"kind": "gate", "any": [{"signal": "query_drift", "op": ">=", "value": 0.02},
+                                      {"signal": "acceptance", "op": "<=", "value": 1.5}]}  # fmt: skip
+    controller = make_controller_dict(
+        policy, name="drift", draft="tiny", target="tiny", temperature=0.0,
+        schedule={"decision_stride": 4, "min_age": 4, "max_age": 64},
+    )  # fmt: skip
+    return ControllerRefresh(Controller.from_dict(controller), record_strides=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batches_of_16_and_32_equal_each_request_alone(temperature):
+    """32 ragged requests (mixed policies, controllers reading query drift, teacher-forced and free)
+    in batches of 16 (continuous) and 32: tokens, rounds and refreshes are the request's alone, and so
+    is every stride's signals (up to the order of float additions in a batched forward)."""
+    model = tiny_model("llama", seed=9)
+    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("h2o", budget=16, obs_window=8),
+                make_policy("snapkv", budget=12, obs_window=8), make_policy("full")]  # fmt: skip
+
+    def requests() -> list[BatchRequest]:
+        made = []
+        for index in range(32):
+            forced = _prompt(300 + index, 14) if index % 3 == 0 else None
+            made.append(BatchRequest(_prompt(200 + index, 12 + 3 * index), policies[index % 4],
+                                     max_new_tokens=10 + index % 7, seed=index, refresh_hook=_drift_hook(),
+                                     forced_tokens=forced))  # fmt: skip
+        return made
+
+    alone_requests = requests()
+    alone = [
+        speculative_generate_batch(model, [request], draft_length=4, temperature=temperature)[0]
+        for request in alone_requests
+    ]
+    for max_batch in (16, 32):
+        batch_requests = requests()
+        batched = speculative_generate_batch(
+            model, batch_requests, draft_length=4, temperature=temperature, max_batch=max_batch
+        )
+        for index, (got, want) in enumerate(zip(batched, alone, strict=True)):
+            label = f"batch {max_batch} request {index}"
+            assert got.tokens == want.tokens, label
+            assert [r.accepted for r in got.rounds] == [r.accepted for r in want.rounds], label
+            assert [r.refreshed for r in got.rounds] == [r.refreshed for r in want.rounds], label
+            got_strides = batch_requests[index].refresh_hook.strides
+            want_strides = alone_requests[index].refresh_hook.strides
+            assert [sorted(row) for row in got_strides] == [sorted(row) for row in want_strides], label
+            for got_row, want_row in zip(got_strides, want_strides, strict=True):  # signals up to float order
+                assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
+    assert sum(result.refreshes for result in alone) > 0
