@@ -281,6 +281,10 @@ def worker(args: argparse.Namespace) -> int:
     from rift_ada.memory import cap_heap_growth
 
     cap_heap_growth()
+    import rift_ada.collectors.probe  # noqa: F401  (every module now: later edits of the tree don't leak in)
+    import rift_ada.collectors.targets  # noqa: F401
+    import rift_ada.speculative  # noqa: F401
+
     model, tokenizer = load(args)
     prompts = make_prompts(args, tokenizer, max(args.batches))
     eos = None if tokenizer is None else tokenizer.eos_token_id
@@ -359,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--against", help="a package tree (see --make-tree) to run every cell on too, alternately")
+    parser.add_argument("--against-batches", help="batches the --against code runs (default: every one)")
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
     parser.add_argument("--profile", type=int, default=0, help="profile one closed-loop round at this batch")
     parser.add_argument("--json", help="write every cell's figures here")
@@ -406,9 +411,13 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 order = list(workers) if repeat % 2 == 0 else list(workers)[::-1]
                 for name in order:
+                    if name == "old" and args.against_batches and str(batch) not in args.against_batches.split(","):
+                        continue
                     cell = workers[name].ask(job)
                     cell["code"] = name
                     cells.append(cell)
+                    rate = cell["tokens"] / cell["seconds"]
+                    print(f"[cell] {stage} batch {batch} {name}: {rate:.1f} tok/s", file=sys.stderr, flush=True)
     prefills = {b: workers["new"].ask({"stage": "prefill", "batch": b})["prefill"] for b in args.batches}
     profile = (
         workers["new"].ask({"stage": "profile", "batch": args.profile, "budget": args.budget}) if args.profile else None
@@ -439,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batches:
             for name in workers:
                 mine = [c for c in cells if c["stage"] == stage and c["batch"] == batch and c["code"] == name]
+                if not mine:
+                    continue
                 seconds = statistics.median(c["seconds"] for c in mine)
                 tok = mine[0]["tokens"]
                 decode_s = max(1e-9, seconds - prefills[batch])
@@ -457,13 +468,18 @@ def main(argv: list[str] | None = None) -> int:
                 )  # fmt: skip
                 print("  " + " ".join(f"{v:>10}" for v in values))
     if args.against:
+        rate = {(r["stage"], r["batch"], r["code"]): r["tok_s"] for r in summary}
+        result = {(c["stage"], c["batch"], c["code"]): c["result"] for c in cells}
         for stage in stages:
             for batch in args.batches:
-                pair = {c["code"]: c for c in cells if c["stage"] == stage and c["batch"] == batch}
-                same = pair["new"]["result"] == pair["old"]["result"]
-                new = next(r for r in summary if r["stage"] == stage and r["batch"] == batch and r["code"] == "new")
-                old = next(r for r in summary if r["stage"] == stage and r["batch"] == batch and r["code"] == "old")
-                print(f"  {stage} batch {batch}: new/old {new['tok_s'] / old['tok_s']:.2f}x; same results: {same}")
+                if (stage, batch, "old") not in rate:
+                    continue
+                same = result[(stage, batch, "new")] == result[(stage, batch, "old")]
+                ratios = ", ".join(
+                    f"new {b} / old {batch} {rate[(stage, b, 'new')] / rate[(stage, batch, 'old')]:.2f}x"
+                    for b in args.batches
+                )
+                print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}")
     if profile:
         groups = profile["groups"]
         total = profile["wall"]

@@ -36,6 +36,7 @@ from rift_ada.calibrate.pipeline import (
 )
 from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError
+from rift_ada.throughput import CLOSED_BATCH
 
 __all__ = [
     "ClosedConfirmation",
@@ -165,7 +166,7 @@ def confirm_closed(
     n_resamples: int | None = None,
     on_request: Callable[[str, int], None] | None = None,
     extra_policies: Sequence[str] = (),
-    batch_size: int = 8,
+    batch_size: int = CLOSED_BATCH,
     free_running: bool = False,
     preregistration: Any | None = None,
     extra_requests: Sequence[str] = (),

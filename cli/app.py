@@ -22,6 +22,7 @@ from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fai
 from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
 
 _DEFAULT_ARM_AGES = ",".join(map(str, DEFAULT_ARM_AGES))
 
@@ -268,7 +269,7 @@ def targets(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --out file (never changes its rows).")
     ] = False,
-    batch_size: BatchSizeOption = 8,
+    batch_size: BatchSizeOption = TARGETS_BATCH,
     dtype: DtypeOption = None,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
@@ -370,14 +371,15 @@ def collect(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
-    batch_size: BatchSizeOption = 8,
+    batch_size: BatchSizeOption = CLOSED_BATCH,
     probe_batch_size: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
-            help="Probe mode: requests whose arms share each forward (1 is fastest on CPUs; see docs/performance.md).",
+            help=f"Probe mode: requests whose arms share each forward (default {PROBE_BATCH}; each holds every "
+            "arm's KV, docs/performance.md).",
         ),
-    ] = 1,
+    ] = None,
     free_running: Annotated[
         bool, typer.Option(help="Closed mode at T > 0: real rejection sampling instead of teacher forcing.")
     ] = False,
@@ -421,7 +423,7 @@ def collect(
         bad_option("--policy", "only --mode closed runs policies (probe mode records every arm)")
     if free_running and mode != "closed":
         bad_option("--free-running", "applies to --mode closed only")
-    if probe_batch_size != 1 and mode != "probe":
+    if probe_batch_size is not None and mode != "probe":
         bad_option("--probe-batch-size", "applies to --mode probe only (closed mode: --batch-size)")
     if free_running and temp <= 0:
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
@@ -461,7 +463,7 @@ def collect(
             on_request=progress.request_callback(f"collect {mode}", len(requests)),
             on_tokens=progress.tokens_callback(f"collect {mode}", len(requests)),
             batch_size=batch_size,
-            probe_batch_size=probe_batch_size,
+            probe_batch_size=PROBE_BATCH if probe_batch_size is None else probe_batch_size,
             free_running=free_running,
             extra_manifest={
                 "targets": targets_provenance(targets_path),

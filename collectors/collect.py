@@ -25,6 +25,7 @@ from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest,
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
 from rift_ada.speculative import BatchRequest, SpeculativeResult, speculative_generate_batch
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
 
 ProgressFn = Callable[[str, int], None]  # (request id, output tokens) after each request
 TokensFn = Callable[[int, int], None]  # (output tokens, rounds or strides) as a stage commits them
@@ -203,7 +204,7 @@ def generate_target_rows(
     repetition_penalty: float = 1.0,
     on_request: ProgressFn | None = None,
     on_token: Callable[[int], None] | None = None,
-    batch_size: int = 8,
+    batch_size: int = TARGETS_BATCH,
 ) -> list[dict[str, Any]]:
     """Target rows for ``requests`` (request ``i`` sampled with ``seeds[i]``), ``batch_size`` decoding together."""
     if batch_size < 1:
@@ -289,7 +290,7 @@ def collect_probe(
     shard: str | None = None,
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
-    batch_size: int = 1,
+    batch_size: int = PROBE_BATCH,
     on_tokens: TokensFn | None = None,
 ) -> CollectionSummary:
     """Probe every request (teacher-forced on its target response) into ``out_dir``.
@@ -375,7 +376,7 @@ def collect_closed(
     on_request: ProgressFn | None = None,
     extra_manifest: dict[str, Any] | None = None,
     free_running: bool = False,
-    batch_size: int = 8,
+    batch_size: int = CLOSED_BATCH,
     on_tokens: TokensFn | None = None,
 ) -> CollectionSummary:
     """Run the real draft/verify loop for every policy.

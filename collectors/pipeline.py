@@ -18,6 +18,7 @@ from rift_ada.collectors.targets_io import TargetsError, read_targets, targets_d
 from rift_ada.collectors.targets_store import generate_targets_resumable
 from rift_ada.collectors.trace_io import parse_shard
 from rift_ada.models import Preset, load_model, resolve_preset
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
 
 
 @dataclass
@@ -95,7 +96,7 @@ def ensure_targets(
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
-    batch_size: int = 8,
+    batch_size: int = TARGETS_BATCH,
 ) -> list[dict[str, Any]]:
     """Target responses for ``requests`` (in request order): read from ``path``, or generated there when absent.
 
@@ -169,8 +170,8 @@ def run_collection(
     policies: Sequence[str] = (),
     shard: str | None = None,
     on_request: Callable[[str, int], None] | None = None,
-    batch_size: int = 8,
-    probe_batch_size: int = 1,
+    batch_size: int = CLOSED_BATCH,
+    probe_batch_size: int = PROBE_BATCH,
     free_running: bool = False,
     extra_manifest: dict[str, Any] | None = None,
     on_tokens: Callable[[int, int], None] | None = None,
@@ -178,7 +179,7 @@ def run_collection(
     """Probe or closed-loop collection of ``requests`` into ``out_dir``.
 
     ``batch_size``: closed-loop runs decoded together; ``probe_batch_size``: requests whose arms'
-    forwards the probe stacks (1 is fastest on CPUs, docs/performance.md). The manifest also records
+    forwards the probe stacks (defaults: `rift_ada.throughput`, docs/performance.md). The manifest also records
     the run's sorted ``request_ids`` (for per-shard progress and the partial-collection check) and
     ``extra_manifest`` (e.g. ``targets`` provenance); ``on_tokens(tokens, rounds)`` as tokens are committed.
     """

@@ -164,6 +164,7 @@ class _RequestProbe:
         # gives the `full` arm and measures retained mass. The arms cache holds one KV history (and one
         # recurrent state, for hybrid models) per compressed arm, each computed under its own working set.
         canonical = self.canonical = make_draft_cache(draft_model, policy)
+        canonical.expect_positions(len(prompt_ids) + n_out)  # so every arm's copy of it never grows either
         layers = self.layers = canonical.budgeted_layers
         for layer in layers:
             layer.force_full = True

@@ -100,6 +100,7 @@ def generate_responses(
         if request.max_new_tokens <= 0:
             continue
         cache = row_cache(model, FULL_POLICY)
+        cache.expect_positions(len(request.prompt_ids) + request.max_new_tokens)  # never grown while decoding
         device = next(model.parameters()).device
         ids = torch.tensor([request.prompt_ids], device=device)
         logits.append(model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1])

@@ -24,6 +24,7 @@ from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.lease import LeaseHeldError, ShardLease
 from rift_ada.collectors.targets_io import TargetsError, read_targets, response_end, write_targets
 from rift_ada.collectors.trace_io import parse_shard, shard_requests
+from rift_ada.throughput import TARGETS_BATCH
 
 SETTINGS_NAME = "settings.json"
 
@@ -101,7 +102,7 @@ def generate_targets_resumable(
     keep: Sequence[dict[str, Any]] = (),
     on_request: Callable[[str, int], None] | None = None,
     on_token: Callable[[int], None] | None = None,
-    batch_size: int = 8,
+    batch_size: int = TARGETS_BATCH,
 ) -> TargetsProgress:
     """Generate this shard's missing responses, ``batch_size`` at a time; merge when the run is complete.
 

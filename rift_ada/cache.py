@@ -103,6 +103,7 @@ class BudgetedLayer(DynamicLayer):
         # or draft steps that a rollback discards anyway: `BatchedCache.keep_queries`)
         self.keeps_queries = True
         self._window, self._capacity = policy.window, policy.selected  # read on every step (policy is frozen)
+        self.initial_capacity = 256  # positions allocated at the first forward (`BudgetedCache.expect_positions`)
         self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
         self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
         self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
@@ -117,7 +118,7 @@ class BudgetedLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         batch, n_kv, _, head_dim = key_states.shape
-        capacity = 256
+        capacity = self.initial_capacity
         self.keys = key_states.new_zeros(batch, n_kv, capacity, head_dim)
         self.values = value_states.new_zeros(batch, n_kv, capacity, value_states.shape[-1])
         self.is_initialized = True
@@ -669,6 +670,15 @@ class BudgetedCache(DynamicCache):
                 window = make_policy("swa", budget=int(layer.sliding_window))
                 self.layers[index] = BudgetedLayer(window, index, float(module.scaling), getattr(module, "sinks", None))
                 self.window_indices.append(index)
+
+    def expect_positions(self, positions: int) -> None:
+        """Allocate room for ``positions`` stored positions at the first forward (a request whose length
+        is known), so the stored KV never grows: growing doubles it and copies it. Call it before the prefill."""
+        for layer in self.layers:
+            if isinstance(layer, BudgetedLayer):
+                if layer.is_initialized:
+                    raise CacheError("expect_positions: call it before the first forward")
+                layer.initial_capacity = max(layer.initial_capacity, positions)
 
     def refresh(self) -> None:
         """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""

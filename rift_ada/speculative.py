@@ -252,17 +252,21 @@ def _check_request(request: BatchRequest, index: int, draft_length: int) -> None
 
 
 def _start_row(
-    draft_model: Any, target: Any, request: BatchRequest, device: torch.device, index: int = 0
+    draft_model: Any, target: Any, request: BatchRequest, device: torch.device, index: int = 0, draft_length: int = 11
 ) -> tuple[_Row, Any, Any]:
     """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
     prompt = request.prompt_ids
+    limit = len(request.forced_tokens) if request.forced_tokens is not None else request.max_new_tokens
+    positions = len(prompt) + limit + draft_length + 1  # the most a round's verification ever stores
     draft_cache = row_cache(draft_model, request.policy)
+    draft_cache.expect_positions(positions)
     _forward(draft_model, prompt[:-1], draft_cache, 0, logits=False)
     draft_cache.query_summary()  # query summaries cover the output only
     if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
         target_cache = full_copy(draft_cache, target)
     else:
         target_cache = row_cache(target, FULL_POLICY)
+        target_cache.expect_positions(positions)
         _forward(target, prompt[:-1], target_cache, 0, logits=False)
     for layer in target_cache.layers:  # nothing reads a target's query summaries
         if isinstance(layer, BudgetedLayer):
@@ -270,7 +274,6 @@ def _start_row(
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
-    limit = len(request.forced_tokens) if request.forced_tokens is not None else request.max_new_tokens
     row = _Row(
         request,
         SpeculativeResult(len(prompt), []),
@@ -324,7 +327,9 @@ def speculative_generate_batch(
     while True:
         joining = list(itertools.islice(waiting, slots - len(active)))
         if joining:
-            started = [_start_row(draft_model, target, requests[index], device, index) for index in joining]
+            started = [
+                _start_row(draft_model, target, requests[index], device, index, draft_length) for index in joining
+            ]
             for row, _, _ in started:
                 results[row.index] = row.result
             if active:
