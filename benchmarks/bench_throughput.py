@@ -15,7 +15,9 @@ library function a collection calls, in a worker process that loaded the model o
 
 The forced responses are generated once (the first worker, greedy) and shared by every worker.
 tok/s is end to end (each request's prefill included); ``decode`` leaves out the prefills, timed in
-the same worker. With ``--against DIR`` a second worker imports rift_ada from DIR (a package tree
+the same worker. Rates are per CPU second of the worker (``--wall``: per wall second): on a shared
+machine a single-threaded job's CPU time barely depends on the other jobs, its wall time does.
+With ``--against DIR`` a second worker imports rift_ada from DIR (a package tree
 made by ``--make-tree``) and every cell runs on both, alternately, so the ratio new/old of one cell
 is measured side by side.
 
@@ -174,7 +176,7 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
     eos = job.get("eos")
     policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
     out: dict[str, Any] = {"stage": stage, "batch": batch}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if stage == "targets":
         asks = [ResponseRequest(p, tokens, i, tokens) for i, p in enumerate(chosen)]
         result = generate_responses(model, asks, eos_token_id=eos)
@@ -200,6 +202,7 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         out["arms"] = 1 + sum(1 for age in DEFAULT_ARM_AGES if age // 8 < -(-tokens // 8) - 1)
         out["result"] = [[float(result[i].outcome.sum()), float(result[i].entropy.sum())] for i in range(len(texts))]
     out["seconds"] = time.perf_counter() - start
+    out["cpu_seconds"] = time.process_time() - cpu
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the worker's, so far
     out["mean_context"] = statistics.mean(len(p) for p in chosen) + tokens / 2
     return out
@@ -209,11 +212,11 @@ def time_prefills(model: Any, prompts: list[list[int]]) -> float:
     """Seconds of one full-KV forward of each prompt but its last token (what every stage pays per request)."""
     from transformers import DynamicCache
 
-    start = time.perf_counter()
+    start = time.process_time()
     with torch.no_grad():
         for prompt in prompts:
             model(input_ids=torch.tensor([prompt[:-1]]), cache=DynamicCache(config=model.config))
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]]) -> dict:
@@ -363,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--against", help="a package tree (see --make-tree) to run every cell on too, alternately")
+    parser.add_argument(
+        "--random-responses", action="store_true", help="force random responses (no generation: memory runs)"
+    )
+    parser.add_argument("--wall", action="store_true", help="rates per wall second (default: per CPU second)")
+    parser.add_argument("--no-prefill-timing", action="store_true", help="decode = tok/s (saves a prefill per request)")
     parser.add_argument("--against-batches", help="batches the --against code runs (default: every one)")
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
     parser.add_argument("--profile", type=int, default=0, help="profile one closed-loop round at this batch")
@@ -397,10 +405,20 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_bandwidth(64 if args.quick else 256)
     rates = measure_gemm(int(costs["hidden"]), int(costs["intermediate"]), dtype)
     gemm = max(rates.values())
-    responses = workers["new"].ask({"stage": "responses", "batch": max(args.batches), "tokens": max(args.tokens,
-                                    args.probe_tokens), "budget": args.budget})["responses"]  # fmt: skip
+    if args.random_responses:
+        generator = torch.Generator().manual_seed(args.seed)
+        vocab = 96 if args.quick else 49152
+        length = max(args.tokens, args.probe_tokens)
+        randoms = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(max(args.batches))]
+        for w in workers.values():
+            w.ask({"stage": "responses", "responses": randoms})
+    else:
+        length = max(args.tokens, args.probe_tokens)
+        ask = {"stage": "responses", "batch": max(args.batches), "tokens": length, "budget": args.budget}
+        randoms = workers["new"].ask(ask)["responses"]
+    responses = randoms
     for w in workers.values():
-        if w is not workers["new"]:
+        if w is not workers["new"] and not args.random_responses:
             w.ask({"stage": "responses", "responses": responses})
     stages = args.stages.split(",")
     cells: list[dict[str, Any]] = []
@@ -416,9 +434,13 @@ def main(argv: list[str] | None = None) -> int:
                     cell = workers[name].ask(job)
                     cell["code"] = name
                     cells.append(cell)
-                    rate = cell["tokens"] / cell["seconds"]
-                    print(f"[cell] {stage} batch {batch} {name}: {rate:.1f} tok/s", file=sys.stderr, flush=True)
-    prefills = {b: workers["new"].ask({"stage": "prefill", "batch": b})["prefill"] for b in args.batches}
+                    rate, cpu_rate = cell["tokens"] / cell["seconds"], cell["tokens"] / cell["cpu_seconds"]
+                    line = f"[cell] {stage} batch {batch} {name}: {rate:.1f} tok/s, {cpu_rate:.1f} tok/CPU-s"
+                    print(line, file=sys.stderr, flush=True)
+    prefills = {
+        b: 0.0 if args.no_prefill_timing else workers["new"].ask({"stage": "prefill", "batch": b})["prefill"]
+        for b in args.batches
+    }
     profile = (
         workers["new"].ask({"stage": "profile", "batch": args.profile, "budget": args.budget}) if args.profile else None
     )
@@ -431,11 +453,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     gemm = max(rates.values())
 
+    clock = "seconds" if args.wall else "cpu_seconds"
     low = max(1, args.isl - 120)
     print(
         f"throughput: {'tiny llama' if args.quick else args.preset} {args.dtype}, ISL {low}-{args.isl} (ragged), "
         f"closed/targets {args.tokens} tokens, probe {args.probe_tokens}, budget {args.budget}, K = {DRAFT_LENGTH}, "
-        f"T = 0, {torch.get_num_threads()} thread(s), load {load_before:.1f} / {load_after:.1f}"
+        f"T = 0, {torch.get_num_threads()} thread(s), load {load_before:.1f} / {load_after:.1f}; "
+        f"rates per {'wall' if args.wall else 'CPU'} second"
     )
     shape = f"({int(costs['hidden'])} x {int(costs['intermediate'])})"
     gemms = ", ".join(f"M={m}: {r / 1e9:.1f}" for m, r in rates.items())
@@ -450,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 mine = [c for c in cells if c["stage"] == stage and c["batch"] == batch and c["code"] == name]
                 if not mine:
                     continue
-                seconds = statistics.median(c["seconds"] for c in mine)
+                seconds = statistics.median(c[clock] for c in mine)
                 tok = mine[0]["tokens"]
                 decode_s = max(1e-9, seconds - prefills[batch])
                 floor = stage_floor(mine[0], costs, bandwidth, gemm, args.budget)
