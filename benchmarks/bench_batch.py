@@ -6,7 +6,8 @@
 
 Both variants run the same requests in the same process, interleaved (batch 1 = one request at a
 time through the same functions), and must give the same tokens; the ratio of their tokens/s is
-what `docs/notes/2026-12-01-performance-history.md` records ("Batches"; `benchmarks/bench_throughput.py` is current). Wall time includes each request's prefill (a
+what `docs/notes/2026-12-01-performance-history.md` records ("Batches"; current figures:
+`benchmarks/bench_throughput.py`). Wall time includes each request's prefill (a
 request prefills alone in both variants), so the ratio is an end-to-end one.
 With ``--requests`` above ``--batch`` the closed loop also runs with continuous batching (a
 finished request's slot goes to the next waiting one) beside lockstep batches of the same size.
