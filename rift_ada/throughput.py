@@ -1,11 +1,11 @@
 """Default batch sizes of the long stages: how many requests decode together (standard library only).
 
 Measured on CPU with ``benchmarks/bench_throughput.py`` (docs/performance.md, "Throughput"): the
-closed loop and target generation gain up to about 16 rows per forward, then the GEMMs are as
-efficient as they get and each row only adds memory. The probe already runs every arm of a request
-as rows of one forward (8 of them by default), so a few requests fill a forward, and each request
-holds every arm's KV history (about 1 GB for a 2K-token prompt on SmolLM2-135M, fp32): its default
-stays small. On a GPU the forwards stay memory-bound far longer; pass larger ``--batch-size`` /
+closed loop and target generation gain up to 16 rows per forward. The probe already runs every arm
+of a request as rows of one forward, and stacking requests gave no steady gain on CPU (4 requests
+below 1, 8 above it, within the machine's noise), while each request holds every arm's KV history
+(about 0.85 GB for a 2K-token prompt and 256 output tokens on SmolLM2-135M, fp32): it stays at 1.
+On a GPU the forwards stay memory-bound far longer; pass larger ``--batch-size`` /
 ``--probe-batch-size`` there (not measured here).
 """
 
@@ -13,4 +13,4 @@ from __future__ import annotations
 
 CLOSED_BATCH = 16  # closed-loop (request x policy) runs, confirmation included
 TARGETS_BATCH = 16  # target responses generated together
-PROBE_BATCH = 4  # probed requests whose arms (and canonical passes) share each forward
+PROBE_BATCH = 1  # probed requests whose arms (and canonical passes) share each forward
