@@ -138,7 +138,7 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
 
 # ---- requests --------------------------------------------------------------------------------------
 def make_prompts(args: argparse.Namespace, tokenizer: Any, count: int) -> list[list[int]]:
-    """``count`` ragged prompts: request i keeps ISL - 8 (i mod 16) tokens."""
+    """``count`` ragged prompts: request i keeps ISL - 8 (i mod 16) tokens (ISL >= 128)."""
     if tokenizer is None:
         generator = torch.Generator().manual_seed(args.seed)
         base = [torch.randint(0, 96, (args.isl,), generator=generator).tolist() for _ in range(4)]
@@ -148,7 +148,8 @@ def make_prompts(args: argparse.Namespace, tokenizer: Any, count: int) -> list[l
         encoded = [encode_prompt(tokenizer, r.prompt_messages) for r in load_dataset("embedded:small", tokenizer)]
         base = [ids for ids in encoded if len(ids) >= args.isl] or encoded
         base = [(ids * (args.isl // len(ids) + 1))[-args.isl :] for ids in base]
-    return [base[i % len(base)][8 * (i % 16) :] for i in range(count)]
+    step = 8 if args.isl >= 128 else max(1, args.isl // 20)  # --quick's short prompts stay non-empty
+    return [base[i % len(base)][step * (i % 16) :] for i in range(count)]
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any]:
