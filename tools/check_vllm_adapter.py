@@ -49,13 +49,16 @@ TINY_CONFIG = {  # head_dim 64: vLLM's CPU attention takes 32, 64, 80, 96, 112, 
     "head_dim": 64,
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
+    # weights 10x the default scale: peaked logits, so greedy choices are not near-ties that float
+    # rounding flips between vLLM's kernels and transformers' (at 0.02 the logits are almost flat)
+    "initializer_range": 0.2,
 }
 
 
 # -- prepare (rift-ada's venv) ------------------------------------------------------------------
 
 
-def prepare(out: Path, *, n_prompts: int, seed: int, min_isl: int, max_isl: int) -> None:
+def prepare(out: Path, *, n_prompts: int, seed: int, min_isl: int, max_isl: int, models: str = "tiny,smollm2") -> None:
     """Models (save_pretrained) and token-id prompts for the check, into ``out``."""
     import random
 
@@ -74,6 +77,8 @@ def prepare(out: Path, *, n_prompts: int, seed: int, min_isl: int, max_isl: int)
     vocab = TINY_CONFIG["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(300, 600))] for _ in range(n_prompts)]
     _write(out / "tiny-llama" / "prompts.json", {"seed": seed, "source": "uniform random ids", "prompts": prompts})
+    if "smollm2" not in models.split(","):
+        return
 
     model, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
     model.config.architectures = ["LlamaForCausalLM"]
@@ -305,6 +310,8 @@ def check(args: argparse.Namespace) -> int:
                 "refreshes": [sum(x[1] for x in theirs), sum(x[1] for x in ours)],
                 "al": [sum(x[0] + 1 for x in theirs) / max(1, len(theirs)), result.acceptance_length],
                 "identical_rounds": theirs == ours,
+                # vLLM's last step commits past max_tokens before its output is cut (the proposer sees it)
+                "identical_but_last": theirs[:-1] == ours[:-1],
             }
         )
     n_tokens = sum(len(o) for o in spec["batched"]) - len(prompts)  # the prefill's tokens are not drafted
@@ -347,7 +354,9 @@ def check(args: argparse.Namespace) -> int:
     }
     accepted = sum(r["accepted"] for r in rounds)
     within_one_round = all(
-        abs(c["rounds"][0] - c["rounds"][1]) <= 1 and abs(c["refreshes"][0] - c["refreshes"][1]) <= 1
+        c["identical_but_last"]
+        and abs(c["rounds"][0] - c["rounds"][1]) <= 1
+        and abs(c["refreshes"][0] - c["refreshes"][1]) <= 1
         for c in comparisons
     )
     summary["loop_within_one_round"] = within_one_round
@@ -382,6 +391,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-isl", type=int, default=400)
     p.add_argument("--max-isl", type=int, default=1200)
+    p.add_argument("--models", default="tiny,smollm2", help="tiny, or tiny,smollm2")
     c = sub.add_parser("check", help="the check (the vLLM venv)")
     c.add_argument("--model", type=Path, required=True)
     c.add_argument("--prompts", type=Path, help="default: prompts.json in --model")
@@ -404,7 +414,10 @@ def main() -> int:
     r.add_argument("--alone", type=int, required=True)
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.out, n_prompts=args.n_prompts, seed=args.seed, min_isl=args.min_isl, max_isl=args.max_isl)
+        prepare(
+            args.out, n_prompts=args.n_prompts, seed=args.seed, min_isl=args.min_isl, max_isl=args.max_isl,
+            models=args.models,
+        )  # fmt: skip
         return 0
     if args.command == "vllm-run":
         run_vllm(args)
