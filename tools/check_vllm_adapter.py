@@ -260,8 +260,8 @@ def check(args: argparse.Namespace) -> int:
     _write(out / "prompts.json", {"prompts": prompts})
     controller_path = _controller(args, out)
     log = out / "rounds.jsonl"
-    reuse = args.reuse and all((out / f"{mode}.json").is_file() for mode in ("plain", "spec")) and log.is_file()
-    if not reuse:
+    reuse = {mode for mode in ("plain", "spec") if args.reuse and (out / f"{mode}.json").is_file()}
+    if "spec" not in reuse:
         log.unlink(missing_ok=True)
     os.environ.pop("RIFT_ADA_BUDGET", None)  # the budget is the controller's unless --budget overrides it
     if args.budget is not None and args.controller is not None:
@@ -269,7 +269,7 @@ def check(args: argparse.Namespace) -> int:
     env = dict(os.environ, RIFT_ADA_CONTROLLER=str(controller_path), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     runs = {}
     for mode in ("plain", "spec"):
-        if reuse:  # --reuse: the vLLM runs of an earlier check with the same --out
+        if mode in reuse:  # --reuse: a vLLM run of an earlier check with the same --out
             runs[mode] = json.loads((out / f"{mode}.json").read_text())
             continue
         command = [
