@@ -25,5 +25,6 @@ def test_quick_fault_injection_has_no_mismatch(tiny_model_dir, tmp_path):
     assert code == 0, result
     assert result["runs"] == 1 and result["disk_runs"] == 1
     assert result["mismatches"] == result["tracebacks"] == result["unnamed"] == 0, result["notes"]
+    assert result["sigkills"] == 0, result  # a SIGTERMed run exits within the grace period
     if not any("no tmpfs" in note for note in result["notes"]):
         assert result["disk_full"] == 1, result  # the tmpfs was smaller than the run needs
