@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -54,14 +53,13 @@ def test_a_second_invocation_on_a_run_directory_is_refused_naming_the_live_one(c
     out = tmp_path / "run"
     holder = hold_lock(out, lock)
     try:
-        started = time.monotonic()
         result = CliRunner().invoke(app, [*command, "--out", str(out)])
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.stderr
         line = result.stderr.strip().splitlines()[-1]
         assert line.startswith("error: ") and str(out / f"{lock}.lock") in line
         assert f"pid {holder.pid} on host {socket.gethostname()}" in line and "already running" in line
-        assert time.monotonic() - started < 10  # refused at once (no model loaded: the fixture fails on a load)
+        # refused before any work: the fixture fails the test if a model is loaded
     finally:
         holder.kill()
         holder.wait()
