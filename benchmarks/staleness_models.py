@@ -194,6 +194,9 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
         "(collectors/loops.py); looping requests are listed and left out of the tables below (all-request "
         "figures in the JSON).",
         "- Wall times are on the shared 2-core machine (other sessions' work running beside it).",
+        f"- Size: {settings['requests']} request(s) × {settings['tokens']} output tokens per model and temperature, "
+        "one text each: these rows are one sample, not evidence of a difference; a RIFT-dyn interval at or "
+        "above the output length never refreshes (it equals RIFT-stat by construction).",
         "",
     ]
     temperatures = sorted({t for m in data["models"] for t in m["temperatures"]}, key=float)
