@@ -63,7 +63,7 @@ def test_show_and_evaluate_cli(demo_dir, tmp_path):
             "--policy",
             "full",
             "--closed",
-            str(out / "table"),  # the Table 1 methods ran here (stat and full among them)
+            str(out / "confirm" / "closed"),  # the confirmation's curve ran stat here (Table 1 reads it back)
             "--out",
             str(tmp_path / "eval.json"),
         ],
