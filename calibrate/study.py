@@ -14,6 +14,13 @@ worker marks it FAIL and re-enqueues it with the same parameters and labels (Opt
 ``RetryHeartbeatStaleTrialCallback``), so a rerun after a crash ends with exactly the asked number
 of COMPLETE trials and waits at most one grace period. Journal storages have no heartbeat: their
 dead trials are ignored after ``wait_for_running``'s timeout.
+
+Reruns sample what an uninterrupted run samples: a single worker seeds the sampler of each new
+trial from the run's seed and the trial's *slot* (the COMPLETE trials when its batch was asked, plus
+its place in the batch), a batch holds either re-enqueued trials or new ones, never both, and new
+trials are labelled by slot (``trial:<slot>``), not by Optuna's trial number (failed trials take
+numbers). So after a fault inside the study (SIGKILL, SIGTERM, a full disk) the rerun re-evaluates
+the lost trials with their own parameters, then asks the same slots from the same history.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import sqlalchemy
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, fail_stale_trials
@@ -50,6 +58,7 @@ DEFAULT_INTERVALS: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
 FINGERPRINT_ATTR = "rift_ada_fingerprint"
 BASELINE_ATTR = "baseline"
 RECORD_ATTR = "rift_ada"
+SLOT_LABEL_ATTR = "slot_label"  # a new trial's label, kept when a fault re-enqueues it
 ProgressFn = Callable[[str, int, int | None], None]
 HEARTBEAT_INTERVAL_S = 2  # seconds between heartbeats of a trial being evaluated (RDB storages)
 GRACE_PERIOD_S = 10  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
@@ -285,8 +294,16 @@ def make_sampler(seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(10, min(30, n_trials // 10)), constant_liar=False)
 
 
-def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = False) -> optuna.Study:
-    """Create or load the study, check that it was built from the same inputs, enqueue missing baselines."""
+def slot_seed(seed: int, slot: int) -> int:
+    """The sampler seed of the new trial in ``slot`` (a rerun after a fault draws the same one)."""
+    return int(np.random.SeedSequence([seed, slot]).generate_state(1)[0])
+
+
+def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = False) -> tuple[optuna.Study, bool]:
+    """Create or load the study, check that it was built from the same inputs, enqueue missing baselines.
+
+    Returns the study and whether this worker samples slot-seeded (alone: not ``parallel`` and no live
+    process filling the study)."""
     _quiet_optuna()
     storage = open_storage(task.storage, heartbeat_interval=task.heartbeat_interval, grace_period=task.grace_period)
     study = optuna.create_study(
@@ -308,15 +325,19 @@ def prepare_study(task: StudyTask, *, worker_index: int = 0, parallel: bool = Fa
             "use a new run directory, storage or study name"
         )
     fail_stale_trials(study)  # trials of workers that died: FAIL, and re-enqueued with the same parameters
+    if not parallel and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # A dead run's trials go stale within one grace period (and come back WAITING); a live one's finish.
+        wait_for_running(study, timeout=task.grace_period + 2 * task.heartbeat_interval)
     trials = study.get_trials(deepcopy=False)
     if not parallel and any(t.state == TrialState.RUNNING for t in trials):
         # Joining a study other processes are filling: sample with a seed of our own.
         study.sampler = make_sampler(task.seed + 1 + os.getpid(), task.n_trials)
+        parallel = True
     have = {t.user_attrs.get(BASELINE_ATTR) for t in trials if t.state in _COUNTED}
     for label in task.baselines:
         if label not in have:
             study.enqueue_trial({}, user_attrs={BASELINE_ATTR: label})
-    return study
+    return study, not parallel
 
 
 _COUNTED = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
@@ -370,14 +391,23 @@ def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -
     return True
 
 
-def _propose(task: StudyTask, trial: optuna.Trial, worker: int) -> tuple[dict[str, Any] | str, dict[str, Any]]:
-    """(what to replay, the record stored on the trial): a baseline name, or a sampled policy."""
+def _propose(
+    task: StudyTask, trial: optuna.Trial, worker: int, slot: int | None
+) -> tuple[dict[str, Any] | str, dict[str, Any]]:
+    """(what to replay, the record stored on the trial): a baseline name, or a sampled policy.
+
+    ``slot``: where the new trial sits in a single worker's run (its sampler is seeded from it and
+    its label names it); None for a worker sharing the study (labelled by trial number)."""
     label = trial.user_attrs.get(BASELINE_ATTR)
     if label:
         family, policy = baseline_policy(label)
         return label, {"label": label, "family": family, "policy": policy, "worker": worker}
+    label = trial.user_attrs.get(SLOT_LABEL_ATTR)  # re-enqueued after a fault: keeps its label
+    if label is None:
+        label = f"trial:{trial.number if slot is None else slot}"
+        trial.set_user_attr(SLOT_LABEL_ATTR, label)
     family, policy = task.space.suggest(trial)
-    return policy, {"label": f"trial:{trial.number}", "family": family, "policy": policy, "worker": worker}
+    return policy, {"label": label, "family": family, "policy": policy, "worker": worker}
 
 
 def run_worker(
@@ -389,7 +419,7 @@ def run_worker(
     offsets the sampler seed; ``parallel`` says other workers share the study. Returns the number
     of trials this worker completed.
     """
-    study = prepare_study(task, worker_index=worker_index, parallel=parallel)
+    study, seeded = prepare_study(task, worker_index=worker_index, parallel=parallel)
     total = task.total_trials
     start = time.monotonic()
     done = 0
@@ -403,6 +433,9 @@ def run_worker(
         counted = study.get_trials(deepcopy=False, states=_COUNTED)
         waiting = sum(t.state == TrialState.WAITING for t in counted)
         slots = max(total - len(counted), 0) + waiting
+        complete = sum(t.state == TrialState.COMPLETE for t in counted)
+        if seeded and waiting:
+            slots = waiting  # re-enqueued (or baseline) trials make a batch of their own: slots stay aligned
         if slots == 0:
             if _await_running(study, total):  # dead workers' trials were failed and re-enqueued
                 continue
@@ -421,7 +454,10 @@ def run_worker(
                         skipped.add(trial.number)
                         exhausted = True
                     else:
-                        batch.append((trial, *_propose(task, trial, worker_index)))
+                        slot = complete + len(batch) if seeded else None
+                        if slot is not None:
+                            study.sampler = make_sampler(slot_seed(task.seed + worker_index, slot), task.n_trials)
+                        batch.append((trial, *_propose(task, trial, worker_index, slot)))
                 if not batch:
                     break
                 values = task.evaluator.evaluate_many([target for _, target, _ in batch])
@@ -478,7 +514,7 @@ def _shown_url(url: str) -> str:
 
 
 def _run_study(task: StudyTask, *, workers: int, progress: ProgressFn | None) -> optuna.Study:
-    study = prepare_study(task)
+    study, _ = prepare_study(task)
     if workers == 1:
         run_worker(task, progress=progress)
     else:

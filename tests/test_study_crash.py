@@ -75,3 +75,31 @@ def test_a_trial_killed_right_after_ask_still_goes_stale(tmp_path):
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
     assert trials[1].params == trials[0].params and trials[1].system_attrs["failed_trial"] == asked.number
+
+
+def _outcome(task) -> list[tuple]:
+    """(label, params, values) of every COMPLETE trial, in label order: what the operating point is chosen from."""
+    study = optuna.load_study(study_name=task.study_name, storage=open_storage(task.storage))
+    rows = [
+        (t.user_attrs.get(BASELINE_ATTR) or t.user_attrs["rift_ada"]["label"], sorted(t.params.items()), t.values)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    ]
+    return sorted(rows, key=lambda row: row[0])
+
+
+# Raises inside its third batch's evaluation (a SIGTERM unwinding, a full disk in replay's output).
+FAILING_WORKER = KILLED_WORKER.replace("os.kill(os.getpid(), signal.SIGKILL)", "raise OSError(28, 'injected')")
+
+
+def test_a_rerun_after_a_fault_inside_the_study_samples_what_an_uninterrupted_run_samples(tmp_path):
+    reference = replace(_task(f"sqlite:///{tmp_path / 'ref.db'}", n_trials=30), heartbeat_interval=1, grace_period=2)
+    run_study(reference)
+    expected = _outcome(reference)
+    assert len(expected) == reference.total_trials
+    for name, worker in (("killed", KILLED_WORKER), ("failed", FAILING_WORKER)):
+        task = replace(reference, storage=f"sqlite:///{tmp_path / (name + '.db')}")
+        (tmp_path / "task.pkl").write_bytes(pickle.dumps(task))
+        faulted = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "task.pkl")], timeout=300)
+        assert faulted.returncode != 0
+        run_study(task)
+        assert _outcome(task) == expected, name
