@@ -352,7 +352,11 @@ def describe_sampler(sampler: Any, *, seed: int, workers: int = 1) -> str:
     parzen = getattr(sampler, "_parzen_estimator_parameters", None)
     if parzen is not None and hasattr(parzen, "multivariate"):
         settings["multivariate"] = bool(parzen.multivariate)
-    seeds = f"seed {seed}" if workers <= 1 else f"seeds {seed}..{seed + workers - 1} (one per worker)"
+    seeds = (
+        f"seed {seed} (each new trial's sampler seeded from it and the trial's slot)"
+        if workers <= 1
+        else f"seeds {seed}..{seed + workers - 1} (one per worker)"
+    )
     shown = ", ".join(f"{key}={value}" for key, value in settings.items())
     return f"{type(sampler).__name__}({shown}), {seeds}"
 
