@@ -100,6 +100,10 @@ class HeartbeatRDBStorage(RDBStorage):
     SQL statements.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unbeaten_since: dict[int, float] = {}  # RUNNING trials without a heartbeat: first seen (monotonic)
+
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
         # Optuna's cache layer calls this private method (and create_new_trial does too); the test
         # test_a_trial_killed_right_after_ask_still_goes_stale notices if a new Optuna stops doing so.
@@ -113,6 +117,47 @@ class HeartbeatRDBStorage(RDBStorage):
         if updated and state == TrialState.RUNNING and self.heartbeat_interval is not None:
             self.record_heartbeat(trial_id)
         return updated
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        """Optuna's stale trials, plus RUNNING trials that this process has seen without any heartbeat for
+        longer than the grace period.
+
+        Optuna never takes a trial that never beat for stale; here one is left only by a worker that died
+        between the trial's creation and its first heartbeat, or whose first heartbeat failed (a full disk
+        after the trial's row was written). A live worker beats in the same breath as creating the trial,
+        so such a trial is dead. Its age is measured on this process's monotonic clock from the first time
+        it was seen, so no two machines' clocks are compared."""
+        stale = super()._get_stale_trial_ids(study_id)
+        grace = self.grace_period if self.grace_period is not None else 2 * (self.heartbeat_interval or 0)
+        now = time.monotonic()
+        seen = self._unbeaten_since
+        unbeaten = self._unbeaten_running_ids(study_id)
+        for trial_id in list(seen):
+            if trial_id not in unbeaten:
+                del seen[trial_id]
+        for trial_id in unbeaten:
+            since = seen.setdefault(trial_id, now)
+            if now - since > grace and trial_id not in stale:
+                stale.append(trial_id)
+        return stale
+
+    def _unbeaten_running_ids(self, study_id: int) -> set[int]:
+        """RUNNING trials of the study with no heartbeat row (Optuna's own models; see the test
+        test_a_running_trial_that_never_beat_goes_stale)."""
+        from optuna.storages._rdb import models
+
+        session = self.scoped_session()
+        try:
+            beaten = sqlalchemy.select(models.TrialHeartbeatModel.trial_id)
+            query = (
+                sqlalchemy.select(models.TrialModel.trial_id)
+                .where(models.TrialModel.study_id == study_id)
+                .where(models.TrialModel.state == TrialState.RUNNING)
+                .where(models.TrialModel.trial_id.not_in(beaten))
+            )
+            return {int(trial_id) for trial_id in session.execute(query).scalars()}
+        finally:
+            session.close()
 
 
 def _rdb(url: str, heartbeat_interval: int, grace_period: int, **kwargs: Any) -> RDBStorage:

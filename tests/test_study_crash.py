@@ -103,3 +103,23 @@ def test_a_rerun_after_a_fault_inside_the_study_samples_what_an_uninterrupted_ru
         assert faulted.returncode != 0
         run_study(task)
         assert _outcome(task) == expected, name
+
+
+def test_a_running_trial_that_never_beat_goes_stale(tmp_path):
+    """A RUNNING trial with no heartbeat row at all (its first heartbeat lost to a full disk) is failed once this
+    process has seen it unbeaten for a grace period, and re-enqueued with its parameters; a beating one is not."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    plain = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)  # records no heartbeat on ask
+    dead = optuna.create_study(storage=plain, study_name="s").ask()
+    dead.suggest_float("x", 0.0, 1.0)
+    storage = open_storage(url, heartbeat_interval=1, grace_period=1)
+    study = optuna.load_study(study_name="s", storage=storage)
+    live = study.ask()  # beats at creation
+    optuna.storages.fail_stale_trials(study)  # first sight of the unbeaten trial: not yet stale
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.RUNNING, TrialState.RUNNING]
+    time.sleep(1.5)
+    storage.record_heartbeat(live._trial_id)
+    optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
+    assert trials[2].params == trials[0].params and trials[2].system_attrs["failed_trial"] == dead.number
