@@ -396,7 +396,20 @@ def disk_full_line(run: Run, under: Path) -> bool:
     return bool(match) and Path(match["path"]).resolve().is_relative_to(under.resolve()) and bool(match["option"])
 
 
-def trial(stage: Stage, work: Path, runs: int, disk_runs: int, grace: float, rng: np.random.Generator) -> Tally:
+def keep_mismatch(keep: Path | None, out: Path, reference: Path) -> None:
+    """Copy a mismatching run and its reference under ``keep`` (the work folder is removed at the end)."""
+    if keep is None:
+        return
+    for folder in (reference, out):
+        target = keep / (folder.name if folder.name != "run" else folder.parent.name)
+        if not target.exists():
+            shutil.copytree(folder, target, ignore=shutil.ignore_patterns("*.safetensors"))
+
+
+def trial(
+    stage: Stage, work: Path, runs: int, disk_runs: int, grace: float, rng: np.random.Generator,
+    keep: Path | None = None,
+) -> Tally:  # fmt: skip
     tally = Tally()
     reference = work / f"{stage.name}-reference"
     done = run_cli(stage.command(reference))
@@ -417,6 +430,8 @@ def trial(stage: Stage, work: Path, runs: int, disk_runs: int, grace: float, rng
             finish(stage.command(out), tally)
         problems = stage.compare(out, reference)
         tally.mismatches += bool(problems)
+        if problems:
+            keep_mismatch(keep, out, reference)
         print(f"{stage.name} run {index}: SIGTERM at {term_after:.1f}s of {duration:.1f}s "
               f"(delivered={run.terminated}, SIGKILL={run.killed}, in '{run.stage}'), "
               f"mismatches={problems or 'none'}", flush=True)  # fmt: skip
@@ -445,6 +460,8 @@ def trial(stage: Stage, work: Path, runs: int, disk_runs: int, grace: float, rng
                 finish(stage.command(out), tally)
             problems = stage.compare(out, reference)
             tally.mismatches += bool(problems)
+            if problems:
+                keep_mismatch(keep, out, reference)
             print(f"{stage.name} disk run {index}: {size // 1024} KiB of {usage // 1024} KiB used by the reference, "
                   f"full={run.code != 0} (in '{run.stage}'): {run.stderr.strip().splitlines()[-1:]}, "
                   f"mismatches={problems or 'none'}", flush=True)  # fmt: skip
@@ -464,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="targets only, 1 preempted + 1 full-disk run (a test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--model", type=Path, default=None, help="a local model directory (default: a tiny llama)")
+    parser.add_argument("--keep", type=Path, default=None, help="copy every mismatching run and its reference here")
     args = parser.parse_args(argv)
     if args.quick:
         args.only, args.runs, args.disk_runs = ["targets"], 1, 1
@@ -477,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_inputs(set(chosen), inputs)
         for name in chosen:
             began = time.monotonic()
-            tally = trial(stages[name], work, args.runs, args.disk_runs, args.grace, rng)
+            tally = trial(stages[name], work, args.runs, args.disk_runs, args.grace, rng, args.keep)
             results[name] = asdict(tally) | {"wall_s": round(time.monotonic() - began, 1)}
             if args.json is not None:  # after every stage: a long run's finished stages are kept
                 args.json.write_text(json.dumps({"seed": args.seed, "stages": results}, indent=2) + "\n")
