@@ -32,6 +32,7 @@ import json
 import multiprocessing as mp
 import os
 import sqlite3
+import sys
 import threading
 import time
 import warnings
@@ -48,7 +49,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend, JournalRedisBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from rift_ada.atomic import reporting_disk_full
+from rift_ada.atomic import DiskFullError, is_disk_full, reporting_disk_full
 from rift_ada.calibrate.operating_point import TrialPoint
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import ProbeTraces
@@ -63,6 +64,7 @@ ProgressFn = Callable[[str, int, int | None], None]
 HEARTBEAT_INTERVAL_S = 2  # seconds between heartbeats of a trial being evaluated (RDB storages)
 GRACE_PERIOD_S = 10  # a RUNNING trial without a heartbeat for this long belongs to a dead worker
 SEARCH_REPLICAS = 1  # replay replicas per study evaluation at T > 0 (common random numbers; see PolicyEvaluator)
+DISK_FULL_EXIT = 28  # a study worker process that found the disk full exits with this code (errno ENOSPC)
 MAX_RETRIES = 3  # a trial whose evaluation kills its worker this often is given up (a new one is asked)
 
 
@@ -525,9 +527,14 @@ def run_worker(
 
 def _worker_entry(task: StudyTask, worker_index: int, barrier: Any) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    prepare_study(task, worker_index=worker_index, parallel=True)  # imports and storage ready
-    barrier.wait(timeout=300)  # start sampling together
-    run_worker(task, worker_index=worker_index, parallel=True)
+    try:
+        prepare_study(task, worker_index=worker_index, parallel=True)  # imports and storage ready
+        barrier.wait(timeout=300)  # start sampling together
+        run_worker(task, worker_index=worker_index, parallel=True)
+    except Exception as error:
+        if is_disk_full(error):  # said once, by the parent, as the one full-disk line (no traceback here)
+            sys.exit(DISK_FULL_EXIT)
+        raise
 
 
 def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None = None) -> optuna.Study:
@@ -581,6 +588,8 @@ def _run_study(task: StudyTask, *, workers: int, progress: ProgressFn | None) ->
                     proc.terminate()
                     proc.join()
         failed = [i for i, p in enumerate(procs) if p.exitcode != 0]
+        if any(procs[i].exitcode == DISK_FULL_EXIT for i in failed):
+            raise DiskFullError(storage_file(task.storage) or _shown_url(task.storage))
         if failed:
             raise CalibrationError(f"study worker(s) {failed} exited with codes {[procs[i].exitcode for i in failed]}")
     if _await_running(study, task.total_trials) and task.timeout is None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from rift_ada.atomic import DiskFullError
 from rift_ada.calibrate.export import DEFAULT_CACHE, DEFAULT_SCHEDULE, DEFAULT_SIGNALS
 from rift_ada.calibrate.grids import threshold_grids
 from rift_ada.calibrate.splits import CalibrationError
@@ -95,6 +98,23 @@ def test_two_processes_fill_one_sqlite_study(tmp_path):
     task = _task(f"sqlite:///{tmp_path / 'study.db'}")
     run_study(task, workers=2)
     _check_study(task, expect_workers=2)
+
+
+class _DiskFullEvaluator(PolicyEvaluator):
+    """Replay as a worker whose disk filled mid-study sees it (module level: spawned workers unpickle it)."""
+
+    def evaluate_many(self, policies):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_inside_a_worker_process_is_the_full_disk_error(tmp_path, capfd):
+    """Not "worker(s) exited with codes [1, 1]" and two tracebacks: the one full-disk error naming the storage."""
+    task = _task(f"sqlite:///{tmp_path / 'study.db'}", n_trials=8)
+    task = replace(task, evaluator=_DiskFullEvaluator(task.evaluator.traces, task.evaluator.controller_fields))
+    with pytest.raises(DiskFullError) as caught:
+        run_study(task, workers=2)
+    assert caught.value.filename == str(tmp_path / "study.db")
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_two_independent_processes_share_a_journal_file(tmp_path):
