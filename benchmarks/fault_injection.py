@@ -182,6 +182,8 @@ HASHES = frozenset({"manifest_hash", "manifest_json_sha256"})
 # Optuna's trial numbers: a trial failed by a fault keeps its number and its re-run takes a new one, so the same
 # trial (same slot label, parameters and values) has a larger number after a fault.
 TRIAL_NUMBERS = frozenset({"number"})
+# The commit the run's code came from: it differs when the tree was committed to between the reference and a rerun.
+SOURCE = frozenset({"source_commit"})
 
 
 def compare_targets(out: Path, reference: Path) -> list[str]:
@@ -240,7 +242,7 @@ def compare_bench(out: Path, reference: Path) -> list[str]:
     """bench.json, report.md and every exported controller, without wall times, timestamps and the command
     (the cells' and the run's ``timings``/``wall_s`` are per session: a resumed run times only what it ran),
     and without the controllers' trace-manifest hashes (of a manifest holding its creation time and paths)."""
-    problems, drop = [], TIMES | TRIAL_NUMBERS
+    problems, drop = [], TIMES | TRIAL_NUMBERS | SOURCE
     if _json(out / "bench.json", out, drop) != _json(reference / "bench.json", reference, drop):
         problems.append("bench.json")
     if _text(out / "report.md", out) != _text(reference / "report.md", reference):
