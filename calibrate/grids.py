@@ -2,7 +2,7 @@
 
 The signal values are those a controller sees at its decision points: replay's signal engine
 (:mod:`rift_ada.policies.signals`) walks every request under periodic refresh at each probed age
-(:func:`walk_controllers`, so the pool covers every working-set age a policy can reach), with
+(:func:`rift_ada.policies.walks.walk_controllers`, so the pool covers every working-set age a policy can reach), with
 replay's rounds (ages interpolated between arms; T = 0 exact, T > 0 acceptance sampled per
 position over seeded replicas), and records every signal at every decision. The definitions of
 the signals are in docs/controller.md.
@@ -18,8 +18,9 @@ import numpy as np
 
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
-from rift_ada.controller import SIGNAL_NAMES, make_controller_dict
+from rift_ada.controller import SIGNAL_NAMES
 from rift_ada.policies.replay import decision_points
+from rift_ada.policies.walks import walk_controllers
 
 SIGNALS: tuple[str, ...] = SIGNAL_NAMES
 DEFAULT_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in range(5, 100, 5))
@@ -87,30 +88,6 @@ def _raise_nan(column: str, bad: np.ndarray, ids: np.ndarray) -> None:
     )
 
 
-def walk_controllers(traces: ProbeTraces, *, ewma_alpha: float = 0.4, ewma_rounds: int = 4) -> list[dict[str, Any]]:
-    """Periodic walks whose decisions pool every working-set age the arms cover.
-
-    One periodic controller per probed age g > 0 (interval g, ``min_age`` 0, ``max_age`` g, the
-    traces' decision stride): together their decisions see ages from 0 to the oldest arm, each
-    walk with the refreshes (and so the deterioration baselines) a deployed controller has.
-    """
-    ages = [int(a) for a in traces.age_grid if int(a) > 0]
-    if not ages:
-        raise CalibrationError("the traces need 'age:N' arms with N > 0 to build threshold grids")
-    return [
-        make_controller_dict(
-            {"kind": "periodic", "interval": age},
-            name=f"walk:{age}",
-            draft="grids",
-            target="grids",
-            temperature=float(traces.temperature),
-            schedule={"decision_stride": int(traces.decision_stride), "min_age": 0, "max_age": age},
-            signals={"acceptance": {"ewma_alpha": float(ewma_alpha), "rounds": int(ewma_rounds)}},
-        )
-        for age in ages
-    ]
-
-
 def decision_signals(
     traces: ProbeTraces,
     *,
@@ -119,14 +96,17 @@ def decision_signals(
     replicas: int | None = None,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Signal values at every decision point of the :func:`walk_controllers` walks.
+    """Signal values at every decision point of the :func:`~rift_ada.policies.walks.walk_controllers` walks.
 
     The rounds and signals come from replay's signal engine (interpolated arms; at T > 0 sampled
     acceptance, ``replicas`` seeded replicas), so the grids see the distribution a controller sees.
     Returns name -> 1-D array, all aligned (row i is one decision), NaN where a signal is missing
     there (no deterioration baseline yet, no drift column).
     """
-    walks = walk_controllers(traces, ewma_alpha=ewma_alpha, ewma_rounds=ewma_rounds)
+    try:
+        walks = walk_controllers(traces, ewma_alpha=ewma_alpha, ewma_rounds=ewma_rounds)
+    except ValueError as error:
+        raise CalibrationError(str(error)) from None
     return decision_points(traces, walks, replicas=replicas, seed=seed).signals
 
 

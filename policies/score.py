@@ -100,14 +100,14 @@ def counterfactual_samples(
     """Signals and refresh gains at every decision point of the grids' periodic walks.
 
     The signals are exactly those a controller sees (replay's signal engine over the walks of
-    :func:`rift_ada.calibrate.grids.walk_controllers`: periodic refresh at each probed age, ages
+    :func:`rift_ada.policies.walks.walk_controllers`: periodic refresh at each probed age, ages
     interpolated between arms, sampled acceptance at T > 0). The gain of refreshing at a decision
     at position n with working-set age a is the mean outcome over the next ``horizon`` positions
     (at least ``min_horizon`` of them) under ``age:0`` minus the same under age a, interpolated
     linearly between the neighbouring arms as replay does.
     """
-    from rift_ada.calibrate.grids import walk_controllers
     from rift_ada.policies.replay import decision_points
+    from rift_ada.policies.walks import walk_controllers
 
     if age_arm(0) not in traces.arms:
         raise ValueError("traces need an 'age:0' arm to measure refresh gains")
