@@ -36,6 +36,7 @@ from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 from rift_ada.scorers.registry import SCORER_NAMES
+from rift_ada.throughput import CLOSED_BATCH
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -74,7 +75,10 @@ class BenchSize:
     max_isl: int = 2048
     split: tuple[float, float, float] = (0.34, 0.33, 0.33)
     table_requests: int | None = None  # confirmation requests that run every Table 1 method (None: all)
-    batch_size: int = 8
+    batch_size: int = CLOSED_BATCH  # requests per batched forward of the targets and the closed loop
+    # Requests stacked in one probe forward (each holds every arm's KV history). 8 ran at 1.34x one request's
+    # tokens per CPU second in docs/performance.md's throughput table; the bench probed at 8 before this field.
+    probe_batch_size: int = 8
     # T > 0 closed loop: real rejection sampling (each policy its own text) instead of teacher forcing
     # every policy on the target responses (the same law given the text; docs/calibration.md, 5b)
     free_running: bool = False
@@ -127,6 +131,8 @@ class BenchSize:
             problems.append(f"table_requests: must be >= 0 (0: no Table 1 methods) or None, got {self.table_requests}")
         if self.batch_size < 1:
             problems.append(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.probe_batch_size < 1:
+            problems.append(f"probe_batch_size: must be >= 1, got {self.probe_batch_size}")
         if self.confirm_extra < 0:
             problems.append(f"confirm_extra: must be >= 0, got {self.confirm_extra}")
         if self.selection_margin < 0:
@@ -162,7 +168,6 @@ BENCH_SIZES: dict[str, BenchSize] = {
         min_isl=0,
         max_isl=1100,
         table_requests=1,
-        batch_size=16,
     ),
     # `make demo`: the cell with the most pre-check headroom on SmolLM2 (docs/notes/2026-12-01-workload-precheck.md):
     # T = 1, teacher-forced closed loop, B = 128 at ISL ~1K; every Table 1 method on 1 confirmation request. Outputs
@@ -238,11 +243,15 @@ def select_all_requests(requests: Sequence[Any], size: BenchSize) -> tuple[list[
 
 _GRID_FIELDS = ("budgets", "temperatures")  # the grid a cell sits in; its own budget and temperature are fields
 _EXTENSION_FIELDS = ("confirm_extra",)  # a finished cell is extended, not redone, when only these change
+# How the work is batched, not what it computes (a batch gives the results of its requests run alone): a cell
+# finished at one batch size is read back, or extended, at another.
+_EXECUTION_FIELDS = ("batch_size", "probe_batch_size")
 
 
 def _cell_fingerprint(size: BenchSize, temperature: float, budget: int, seed: int, model: str, dataset: str) -> dict:
     """What a finished cell depends on (adding a budget or a temperature to the grid leaves it done)."""
-    fields = {name: value for name, value in asdict(size).items() if name not in _GRID_FIELDS + _EXTENSION_FIELDS}
+    skipped = _GRID_FIELDS + _EXTENSION_FIELDS + _EXECUTION_FIELDS
+    fields = {name: value for name, value in asdict(size).items() if name not in skipped}
     if temperature <= 0:  # teacher-forced at T = 0 either way
         del fields["free_running"]
     if fields["scorer"] == "snapkv":  # cells written before scorers were selectable match
@@ -262,7 +271,8 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
     2026-12-01 also recorded the whole grid, which is ignored)."""
     if not isinstance(stored, dict) or not isinstance(stored.get("size"), dict):
         return False
-    size = {name: value for name, value in stored["size"].items() if name not in _GRID_FIELDS + _EXTENSION_FIELDS}
+    skipped = _GRID_FIELDS + _EXTENSION_FIELDS + _EXECUTION_FIELDS
+    size = {name: value for name, value in stored["size"].items() if name not in skipped}
     size.setdefault("forced_length", True)  # cells written before these fields forced their targets and kept loops
     for name, value in (("loop_ngram", 4), ("loop_threshold", 0.3), ("loop_rule", "keep")):
         size.setdefault(name, value)
@@ -509,7 +519,7 @@ def run_cell(
             settings,
             mode="probe",
             on_request=stages.counter(f"{tag} probe", len(requests)),
-            batch_size=size.batch_size,
+            batch_size=size.probe_batch_size,
             extra_manifest=None if targets_manifest is None else {"targets": targets_manifest},
         )
         stages.timed(f"{tag} probe", time.monotonic() - started)

@@ -48,7 +48,10 @@ def bench(
         int | None, typer.Option(help="Confirmation requests running every Table 1 method (default: all; 0: none).")
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Requests per batched forward (targets, probe, closed loop).")
+        int | None, typer.Option(help="Requests per batched forward of the targets and the closed loop (default 16).")
+    ] = None,
+    probe_batch_size: Annotated[
+        int | None, typer.Option(help="Requests stacked in one probe forward (default 8).")
     ] = None,
     confirm_extra: Annotated[
         int | None,
@@ -104,6 +107,7 @@ def bench(
             max_age=max_age,
             table_requests=table_requests,
             batch_size=batch_size,
+            probe_batch_size=probe_batch_size,
             free_running=free_running,
             forced_length=forced_length or None,
             confirm_extra=confirm_extra,
@@ -122,7 +126,8 @@ def bench(
         "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
         "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,
         "--max-isl": max_isl, "--arm-ages": arm_ages, "--max-age": max_age,
-        "--table-requests": table_requests, "--batch-size": batch_size, "--confirm-extra": confirm_extra,
+        "--table-requests": table_requests, "--batch-size": batch_size,
+        "--probe-batch-size": probe_batch_size, "--confirm-extra": confirm_extra,
         "--seed": seed, "--device": device,
         "--dtype": dtype, "--results": results, "--export-controllers": export_controllers,
         "--scorer": None if scorer == DEFAULT_SCORER else scorer,

@@ -183,6 +183,10 @@ def test_adding_a_budget_or_a_temperature_leaves_finished_cells_done():
     older = {**grid, "size": {**grid["size"], "budgets": [96], "temperatures": [0.0]}}
     assert same_cell(older, grid)
     assert not same_cell(fingerprint(bench_size("tiny", n_requests=7)), grid)
+    # batch sizes say how the work is batched, not what it computes: a cell finished at 8 is read back at 16
+    assert same_cell(fingerprint(bench_size("tiny", batch_size=8, probe_batch_size=2)), grid)
+    older_batch = {**grid, "size": {**grid["size"], "batch_size": 8}}  # stored before these fields were skipped
+    assert same_cell(older_batch, grid)
     assert not same_cell({**grid, "budget": 160}, grid)
     assert not same_cell(None, grid)
 
