@@ -54,6 +54,7 @@ from rift_ada.calibrate.operating_point import TrialPoint
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.policies.space import SearchSpace
+from rift_ada.policy_spec import PERIODIC, STAT, parse, periodic_label
 
 DEFAULT_INTERVALS: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
 FINGERPRINT_ATTR = "rift_ada_fingerprint"
@@ -73,14 +74,15 @@ def baseline_labels(intervals: Sequence[int] = DEFAULT_INTERVALS, reference_inte
     grid = sorted({int(d) for d in intervals} | {int(reference_interval)})
     if grid[0] <= 0:
         raise CalibrationError(f"periodic intervals must be positive, got {grid}")
-    return [f"periodic:{d}" for d in grid] + ["stat"]
+    return [periodic_label(d) for d in grid] + [STAT]
 
 
 def baseline_policy(label: str) -> tuple[str, dict[str, Any]]:
     """(family, policy JSON) recorded for a baseline replay name."""
-    if label.startswith("periodic:"):
-        return "periodic", {"kind": "periodic", "interval": int(label.split(":", 1)[1])}
-    return label, {"kind": label}
+    spec = parse(label)
+    if spec.is_periodic:
+        return PERIODIC, {"kind": PERIODIC, "interval": spec.interval}
+    return spec.label, {"kind": spec.label}
 
 
 def _stale_trial_retry() -> dict[str, Any]:

@@ -24,6 +24,7 @@ from rift_ada.collectors.targets_io import read_targets, target_row
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest, shard_requests
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
+from rift_ada.policy_spec import SPEC_FORMS, STAT, PolicySpec, parse
 from rift_ada.speculative import BatchRequest, SpeculativeResult, speculative_generate_batch
 from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
 
@@ -105,53 +106,40 @@ TRIATTENTION_INTERVAL = 128
 
 def resolve_closed_policy(spec: str, settings: CollectSettings) -> ClosedPolicy:
     """``full``/``swa``/``streamingllm``/``h2o``/``snapkv``/``stat`` (never refreshed), ``periodic:N`` /
-    ``dyn:N`` (RIFT-dyn), ``triattention`` (decode-time TriAttention), or a controller JSON path (RIFT-ada)."""
+    ``dyn:N`` (RIFT-dyn), ``triattention`` (decode-time TriAttention), or a controller JSON path (RIFT-ada).
+
+    The spec is read by :func:`rift_ada.policy_spec.parse`; ``dyn:N`` is labelled ``periodic:N``.
+    """
     from dataclasses import replace
 
-    from rift_ada.controller import make_controller_dict
-
-    def controller(
-        policy: dict[str, Any], name: str, schedule: dict[str, int], run: CollectSettings = settings
-    ) -> dict[str, Any]:
-        return make_controller_dict(
-            policy,
-            name=name,
-            draft=run.draft,
-            target=run.target,
-            temperature=run.temperature,
-            cache=run.cache_json(),
-            schedule={"decision_stride": run.decision_stride, **schedule},
-        )
-
-    never = controller({"kind": "periodic", "interval": NEVER}, spec, {"min_age": 0, "max_age": NEVER})
-    if spec in BASELINE_CACHE_POLICIES:
-        return ClosedPolicy(spec, settings.cache_policy(spec), never)
-    if spec in ("stat", "rift-stat"):
-        return ClosedPolicy("stat", settings.cache_policy("rift-stat"), never)
-    if spec == "triattention":
+    parsed = parse(spec)
+    if parsed.kind == STAT:
+        return ClosedPolicy(parsed.label, settings.cache_policy("rift-stat"), _periodic(NEVER, spec, settings))
+    if parsed.kind == "triattention":
         tri = replace(settings, scorer="triattention")
-        periodic = controller(
-            {"kind": "periodic", "interval": TRIATTENTION_INTERVAL},
-            spec,
-            {"min_age": 0, "max_age": max(768, TRIATTENTION_INTERVAL)},
-            tri,
-        )
-        return ClosedPolicy(spec, tri.cache_policy("snapkv"), periodic)
-    kind, _, value = spec.partition(":")
-    if kind in ("periodic", "dyn") and value.isdigit() and int(value) >= 1:
-        interval = int(value)
-        periodic = controller(
-            {"kind": "periodic", "interval": interval}, spec, {"min_age": 0, "max_age": max(768, interval)}
-        )
-        return ClosedPolicy(f"periodic:{interval}", settings.cache_policy("rift-stat"), periodic)
+        return ClosedPolicy(parsed.label, tri.cache_policy("snapkv"), _periodic(TRIATTENTION_INTERVAL, spec, tri))
+    if parsed.kind in BASELINE_CACHE_POLICIES:
+        return ClosedPolicy(parsed.label, settings.cache_policy(parsed.kind), _periodic(NEVER, spec, settings))
+    if parsed.is_periodic:
+        periodic = _periodic(parsed.interval, spec, settings)
+        return ClosedPolicy(parsed.as_periodic().label, settings.cache_policy("rift-stat"), periodic)
     path = Path(spec)
-    if path.suffix == ".json" and path.exists():
-        loaded = Controller.load(path).to_dict()
-        _check_controller_settings(loaded, settings, path)
-        return ClosedPolicy(loaded.get("name", path.stem), settings.cache_policy("rift-stat"), loaded)
-    raise ValueError(
-        f"unknown policy {spec!r}: use one of {', '.join(BASELINE_CACHE_POLICIES)}, stat, triattention, "
-        "periodic:N, or a controller JSON file"
+    if not path.is_file():
+        raise ValueError(f"unknown policy {spec!r}: no such controller file; use one of {SPEC_FORMS}")
+    loaded = Controller.load(path).to_dict()
+    _check_controller_settings(loaded, settings, path)
+    return ClosedPolicy(loaded.get("name", path.stem), settings.cache_policy("rift-stat"), loaded)
+
+
+def _periodic(interval: int, name: str, run: CollectSettings) -> dict[str, Any]:
+    """The run's controller refreshing every ``interval`` tokens (``NEVER``: a policy that never refreshes)."""
+    return PolicySpec.periodic(interval).controller(
+        name=name,
+        draft=run.draft,
+        target=run.target,
+        temperature=run.temperature,
+        cache=run.cache_json(),
+        decision_stride=run.decision_stride,
     )
 
 

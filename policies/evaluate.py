@@ -11,7 +11,8 @@ import numpy as np
 
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.controller import Controller
-from rift_ada.policies.replay import ReplayResult, named_policy_controller, replay_many
+from rift_ada.policies.replay import ReplayResult, replay_many
+from rift_ada.policy_spec import CONTROLLER, REPLAY_FORMS, parse
 
 __all__ = ["PolicySpecLike", "evaluate_policies", "fidelity", "resolve_policy_spec"]
 
@@ -21,18 +22,21 @@ PolicySpecLike = str | Path | Mapping[str, Any] | Controller
 def resolve_policy_spec(spec: PolicySpecLike) -> tuple[str, dict[str, Any] | str, str]:
     """(label, replayable policy, source) for a policy name, a controller JSON path, a dict or a Controller.
 
-    A string is a named policy (``stat``, ``full``, ``periodic:N``, ``dyn:N``) unless it names an
-    existing file or ends in ``.json``; files load through :meth:`Controller.load` (ControllerError
-    when invalid or missing).
+    A string is read by :func:`rift_ada.policy_spec.parse`: a named policy (``stat``, ``full``,
+    ``periodic:N``, ``dyn:N``), or a controller file (a path, a string ending in ``.json`` or naming an
+    existing file) that loads through :meth:`Controller.load` (ControllerError when invalid or missing).
+    Closed-loop-only baselines (``swa``, ``h2o``, ...) are refused with a ValueError.
     """
     if isinstance(spec, Controller):
         return spec.name, spec.to_dict(), "controller"
     if isinstance(spec, Mapping):
         data = Controller.from_dict(spec).to_dict()
         return data["name"], data, "dict"
-    if isinstance(spec, str) and not spec.endswith(".json") and not Path(spec).is_file():
-        named_policy_controller(spec)  # raises ValueError for unknown names
-        return spec, spec, "named"
+    parsed = parse(spec)
+    if not parsed.replayable:
+        raise ValueError(f"policy {parsed.label!r} runs in the closed loop only; replay takes {REPLAY_FORMS}")
+    if parsed.kind != CONTROLLER:
+        return parsed.label, parsed.label, "named"
     data = Controller.load(spec).to_dict()
     return data["name"], data, str(spec)
 
@@ -60,7 +64,7 @@ def evaluate_policies(
         kind = policy if isinstance(policy, str) else policy["policy"]["kind"]
         row = {
             "policy": label,
-            "kind": kind.split(":")[0] if isinstance(kind, str) else kind,
+            "kind": parse(kind).kind if isinstance(kind, str) else kind,
             "source": source,
             **{
                 key: summary[key]

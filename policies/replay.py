@@ -40,15 +40,14 @@ import numpy as np
 
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, arm_age
 from rift_ada.controller import (
-    DEFAULT_SCHEDULE,
     SIGNAL_NAMES,
     Controller,
-    make_controller_dict,
     policy_signals,
     validate_controller_dict,
 )
 from rift_ada.policies.score import ScoreLanes
 from rift_ada.policies.signals import SignalEngine
+from rift_ada.policy_spec import parse
 
 __all__ = [
     "DEFAULT_REPLICAS",
@@ -153,23 +152,15 @@ def _count(value: Any) -> int | float:
 def named_policy_controller(name: str) -> dict[str, Any] | None:
     """Controller dict for ``periodic:N`` / ``dyn:N``; None for ``stat`` / ``full``; ValueError otherwise.
 
-    Named periodic policies use the default decision stride, ``min_age`` 0 (so intervals below the
-    default 32 are honoured) and ``max_age`` max(768, N) (so intervals above it are too).
+    The spec is read by :func:`rift_ada.policy_spec.parse`; a periodic one's ages come from
+    :meth:`~rift_ada.policy_spec.PolicySpec.schedule` (``min_age`` 0, ``max_age`` max(768, N)).
     """
-    if name in (ARM_STAT, ARM_FULL):
+    spec = parse(name)
+    if spec.kind in (ARM_STAT, ARM_FULL):
         return None
-    kind, _, value = name.partition(":")
-    if kind in ("periodic", "dyn") and value.isdigit() and int(value) >= 1:
-        interval = int(value)
-        return make_controller_dict(
-            {"kind": "periodic", "interval": interval},
-            name=name,
-            draft="replay",
-            target="replay",
-            temperature=0.0,
-            schedule={"min_age": 0, "max_age": max(DEFAULT_SCHEDULE["max_age"], interval)},
-        )
-    raise ValueError(f"unknown policy name {name!r}: expected one of {', '.join(NAMED_POLICIES)}")
+    if spec.is_periodic:
+        return spec.controller(draft="replay", target="replay", temperature=0.0)
+    raise ValueError(f"policy {name!r} is not a named replay policy: expected one of {', '.join(NAMED_POLICIES)}")
 
 
 @dataclass
@@ -184,7 +175,8 @@ def _plan(policy: PolicySpec) -> _Plan:
         return _Plan(policy.name, "age", policy.to_dict())
     if isinstance(policy, str):
         controller = named_policy_controller(policy)
-        return _Plan(policy, policy if controller is None else "age", controller)
+        label = parse(policy).label
+        return _Plan(label, label if controller is None else "age", controller)
     if isinstance(policy, dict):
         data = validate_controller_dict(policy)
         return _Plan(data["name"], "age", data)
