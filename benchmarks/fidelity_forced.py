@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.collectors.trace_io import read_probe_traces
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay_many
+    from rift_ada.policy_spec import periodic_label
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
@@ -63,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if case.temperature <= 0:
         raise SystemExit(f"{args.run}: temperature {case.temperature}; at T = 0 the fidelity run is already paired")
     gate_path = args.run / "gate.json"
-    specs = ["stat", *(f"periodic:{interval}" for interval in case.periodic), str(gate_path)]
-    labels = ["stat", *(f"periodic:{interval}" for interval in case.periodic), "gate"]
+    specs = ["stat", *(periodic_label(interval) for interval in case.periodic), str(gate_path)]
+    labels = ["stat", *(periodic_label(interval) for interval in case.periodic), "gate"]
     cap_heap_growth()  # as the CLI does (rift_ada/memory.py)
 
     def run_loops(seed: int, free_running: bool) -> dict[str, dict[str, np.ndarray]]:

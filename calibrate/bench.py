@@ -35,6 +35,7 @@ from rift_ada.calibrate.evaluation import evaluate_run
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+from rift_ada.policy_spec import periodic_label
 from rift_ada.scorers.registry import SCORER_NAMES
 from rift_ada.throughput import CLOSED_BATCH
 
@@ -281,7 +282,7 @@ def same_cell(stored: Any, fingerprint: dict) -> bool:
 
 def _table_specs(size: BenchSize) -> list[str]:
     specs = [spec for _, spec in TABLE_BASELINES]
-    return specs + [f"periodic:{interval}" for interval in size.table_intervals]
+    return specs + [periodic_label(interval) for interval in size.table_intervals]
 
 
 def _closed_rows(
@@ -343,7 +344,7 @@ def _oracle(traces: Any, request_ids: Sequence[str], size: BenchSize, replay_row
     min_age = min(ORACLE_MIN_AGE, size.reference_interval)
     frontier = oracle_frontier(traces, min_age=min_age, max_age=size.max_age, requests=keep)
     by_policy = {row["policy"]: row for row in replay_rows}
-    reference = by_policy.get(f"periodic:{size.reference_interval}")
+    reference = by_policy.get(periodic_label(size.reference_interval))
     controller = by_policy.get(ctl)
     share = None
     oracle_at_reference = None
@@ -543,7 +544,7 @@ def run_cell(
     # Pre-registered before the closed loop runs: the rule, the paper's effect, the margin, the size, the curve.
     chosen = calibration["operating_point"]["chosen"]
     longest = max(8, min(size.max_age, size.output_tokens // 2))
-    curve_specs = ["stat"] + [f"periodic:{d}" for d in curve_intervals(float(chosen["refreshes_per_1k"]), longest)]
+    curve_specs = ["stat"] + [periodic_label(d) for d in curve_intervals(float(chosen["refreshes_per_1k"]), longest)]
     preregistration = preregister(
         temperature,
         len(confirmation_ids),
@@ -608,9 +609,9 @@ def run_cell(
     calibration = attach_closed_confirmation(folder / "calibration", confirmation)
     table = _closed_rows(totals, table_ids)
     controller_name = str(controller["name"])
-    replay_specs = ["stat", "full", *[f"periodic:{d}" for d in size.table_intervals], str(controller_path)]
-    if f"periodic:{size.reference_interval}" not in replay_specs:
-        replay_specs.insert(2, f"periodic:{size.reference_interval}")
+    replay_specs = ["stat", "full", *[periodic_label(d) for d in size.table_intervals], str(controller_path)]
+    if periodic_label(size.reference_interval) not in replay_specs:
+        replay_specs.insert(2, periodic_label(size.reference_interval))
     evaluation = evaluate_run(folder / "probe", replay_specs, closed_dir=confirmation.run_dir)
     held_out_replay = _replay_on(traces, replay_specs, split_ids)
     by_position = closed_by_position(closed_dirs)
@@ -619,7 +620,7 @@ def run_cell(
         "tag": tag,
         "temperature": temperature,
         "budget": budget,
-        "reference": f"periodic:{size.reference_interval}",
+        "reference": periodic_label(size.reference_interval),
         "controller_name": controller_name,
         "controller_path": str(controller_path),
         "split_sizes": {k: len(v) for k, v in calibration["splits"]["request_ids"].items()}

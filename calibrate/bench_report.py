@@ -10,6 +10,7 @@ from typing import Any
 
 from rift_ada.atomic import atomic_write, atomic_write_text
 from rift_ada.calibrate.curve import PAPER_AL_GAIN
+from rift_ada.policy_spec import parse, periodic_label
 
 STALENESS_PNG = "staleness_T{temperature:g}_B{budget}.png"
 
@@ -72,7 +73,7 @@ def _table_order(cell: dict[str, Any]) -> list[tuple[str, str]]:
     from rift_ada.calibrate.bench import TABLE_BASELINES
 
     rows = [(label, spec) for label, spec in TABLE_BASELINES if spec != "full"]
-    rows += [(f"RIFT-dyn Δ = {d}", f"periodic:{d}") for d in cell["fingerprint"]["size"]["table_intervals"]]
+    rows += [(f"RIFT-dyn Δ = {d}", periodic_label(d)) for d in cell["fingerprint"]["size"]["table_intervals"]]
     return rows + [("RIFT-ada (calibrated)", cell["controller_name"]), ("Full KV", "full")]
 
 
@@ -109,7 +110,10 @@ def _comparison_rows(cell: dict[str, Any]) -> list[str]:
 
 
 def _precheck_label(spec: str) -> str:
-    return {"stat": "RIFT-stat", "full": "Full KV"}.get(spec, spec.replace("periodic:", "periodic Δ = "))
+    parsed = parse(spec)
+    if parsed.is_periodic:
+        return f"periodic Δ = {parsed.interval}"
+    return {"stat": "RIFT-stat", "full": "Full KV"}.get(parsed.label, parsed.label)
 
 
 def precheck_overview(summary: dict[str, Any]) -> list[str]:

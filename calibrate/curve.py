@@ -31,6 +31,7 @@ import numpy as np
 from scipy import stats
 
 from rift_ada.calibrate.bootstrap import Interval, paired_bootstrap
+from rift_ada.policy_spec import periodic_label
 
 INTERPOLATION = (
     "linear in refreshes/1K between neighbouring points (RIFT-stat at 0, then each periodic Δ), on the monotone "
@@ -376,7 +377,7 @@ def synthetic_requests(
         refreshes = np.full(n, float(output_tokens // interval))
         curve.append(
             PolicyTotals(
-                f"periodic:{interval}",
+                periodic_label(interval),
                 base + lift(1000 * refreshes / committed) + rng.normal(0, sd / 2, n),
                 refreshes,
                 committed,

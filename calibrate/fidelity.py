@@ -18,6 +18,7 @@ import numpy as np
 
 from rift_ada.controller import make_controller_dict
 from rift_ada.policies.replay import replay_many
+from rift_ada.policy_spec import periodic_label
 
 __all__ = [
     "FidelityCase",
@@ -124,7 +125,7 @@ def reopen_fidelity(out_dir: str | Path) -> tuple[FidelityCase, dict[str, Any], 
 
 def fidelity_policies(case: FidelityCase, gate: dict[str, Any]) -> dict[str, Any]:
     """Label -> replay spec of the policies a fidelity run measures (labels as its closed loop names them)."""
-    return {"stat": "stat", **{f"periodic:{i}": f"periodic:{i}" for i in case.periodic}, "gate": gate}
+    return {"stat": "stat", **{periodic_label(i): periodic_label(i) for i in case.periodic}, "gate": gate}
 
 
 def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "smollm2-135m") -> list[dict[str, Any]]:
@@ -142,7 +143,7 @@ def measure_fidelity(out_dir: str | Path, case: FidelityCase, *, model: str = "s
     gate_path = out / "gate.json"
     atomic_write_json(gate_path, gate)
     policies = fidelity_policies(case, gate)
-    specs = ["stat", *(f"periodic:{interval}" for interval in case.periodic), str(gate_path)]  # the gate as a file
+    specs = ["stat", *(periodic_label(interval) for interval in case.periodic), str(gate_path)]  # the gate as a file
     collect_closed(
         pair.draft,
         requests,

@@ -47,6 +47,7 @@ from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.trace_io import targets_problems
 from rift_ada.policies.replay import DEFAULT_REPLICAS
 from rift_ada.policies.space import FAMILIES, SearchSpace
+from rift_ada.policy_spec import parse, periodic_label
 
 SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
 ROLE_CHOSEN, ROLE_REFERENCE, ROLE_MATCHED, ROLE_STAT, ROLE_FULL = (
@@ -147,7 +148,7 @@ def check_probed_ages(traces: ProbeTraces, schedule: dict[str, Any], intervals: 
     oldest = int(traces.age_grid.max())
     longest = int(traces.osl.max()) - 1 if traces.n_requests else 0
     wanted = {"schedule.max_age": int(schedule["max_age"])}
-    wanted.update({f"periodic:{int(d)}": min(int(d), int(schedule["max_age"])) for d in intervals})
+    wanted.update({periodic_label(d): min(int(d), int(schedule["max_age"])) for d in intervals})
     too_old = {name: age for name, age in wanted.items() if min(age, longest) > oldest}
     if too_old:
         shown = ", ".join(f"{name} ({age})" for name, age in too_old.items())
@@ -230,15 +231,15 @@ def _matched_rate_baseline(evaluator: PolicyEvaluator, rate: float) -> str:
     if int(traces.osl.max()) - 1 > int(traces.age_grid.max()):
         high = min(high, int(traces.age_grid.max()))
     low = 1
-    if evaluator.evaluate(f"periodic:{high}")[1] >= rate:
-        return f"periodic:{high}"
+    if evaluator.evaluate(periodic_label(high))[1] >= rate:
+        return periodic_label(high)
     while high - low > 1:  # invariant: rate(low) >= target > rate(high)
         mid = (low + high) // 2
-        if evaluator.evaluate(f"periodic:{mid}")[1] >= rate:
+        if evaluator.evaluate(periodic_label(mid))[1] >= rate:
             low = mid
         else:
             high = mid
-    return f"periodic:{low}"
+    return periodic_label(low)
 
 
 def _comparison(
@@ -450,6 +451,7 @@ def calibrate(
     sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
     if schedule:
         sched.update(schedule)
+    baselines = tuple(baseline_labels(intervals, reference_interval))  # refuses non-positive intervals
     check_probed_ages(traces, sched, [*intervals, reference_interval])
     say = log if log is not None else (lambda _msg: None)
 
@@ -490,7 +492,6 @@ def calibrate(
     }
     storage_url, storage_shown = _storage_url(storage, out)
     study_name = study_name or f"rift-ada-{name}"
-    baselines = tuple(baseline_labels(intervals, reference_interval))
     task = StudyTask(
         storage=storage_url,
         study_name=study_name,
@@ -519,14 +520,14 @@ def calibrate(
     points = unique_points
 
     # 4. operating point
-    reference_label = f"periodic:{int(reference_interval)}"
+    reference_label = periodic_label(reference_interval)
     if objective == "curve":
         op = select_by_curve(points, reference_label, selection_margin)
     else:
         op = select_operating_point(points, reference_label)
     periodic_curve = sorted(
         (
-            {"interval": int(p.label.split(":")[1]), "mean_al": p.al, "refreshes_per_1k": p.refreshes_per_1k}
+            {"interval": parse(p.label).interval, "mean_al": p.al, "refreshes_per_1k": p.refreshes_per_1k}
             for p in points
             if p.baseline and p.family == "periodic"
         ),

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rift_ada.collectors.probe_traces import ARM_STAT, ProbeTraces, age_arm
+from rift_ada.policy_spec import periodic_label
 
 
 def _bin_means(values: np.ndarray) -> tuple[list[float | None], list[int]]:
@@ -61,7 +62,7 @@ class PreCheck:
         longest = int(traces.osl.max()) - 1
         oldest = int(traces.age_grid.max()) if len(traces.age_grid) else 0
         intervals = sorted({d for d in self.intervals if min(d, longest) <= oldest})  # replayable without rounding
-        specs = ["stat", *[f"periodic:{d}" for d in intervals], "full"]
+        specs = ["stat", *[periodic_label(d) for d in intervals], "full"]
         results = {r.policy: r for r in replay_many(traces, specs, position_bin=self.position_bin, seed=self.seed)}
         edges = [int(x) for x in results["stat"].position_edges]
         by_position: dict[str, Any] = {"bin_size": self.position_bin, "edges": edges, "al": {}, "n_requests": {}}
@@ -90,7 +91,7 @@ class PreCheck:
             },
         }
         if intervals:
-            densest = f"periodic:{intervals[0]}"
+            densest = periodic_label(intervals[0])
             out["densest"] = densest
             out["headroom"] = self._paired(results[densest].al - results["stat"].al)
             out["headroom"]["densest"] = densest

@@ -61,10 +61,10 @@ def evaluate_policies(
     rows = []
     for (label, policy, source), result in zip(resolved, results, strict=True):
         summary = result.to_dict()
-        kind = policy if isinstance(policy, str) else policy["policy"]["kind"]
+        kind = parse(policy).kind if isinstance(policy, str) else policy["policy"]["kind"]
         row = {
             "policy": label,
-            "kind": parse(kind).kind if isinstance(kind, str) else kind,
+            "kind": kind,
             "source": source,
             **{
                 key: summary[key]

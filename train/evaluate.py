@@ -22,6 +22,7 @@ from rift_ada.calibrate.bootstrap import _paired_interval
 from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed
 from rift_ada.collectors.pipeline import ensure_targets, load_pair
 from rift_ada.models import load_model
+from rift_ada.policy_spec import DYN, PolicySpec, periodic_label
 from rift_ada.scorers.registry import check_scorer
 from rift_ada.train.config import TrainConfig
 from rift_ada.train.data import load_training_requests
@@ -77,7 +78,7 @@ def policy_rows(settings: EvalSettings) -> list[tuple[str, str, int | None]]:
     """(method name, closed-loop policy label, budget or None for full KV) in table order."""
     rows: list[tuple[str, str, int | None]] = [("Full KV", "full", None)]
     rows += [("RIFT-stat", "stat", budget) for budget in settings.budgets]
-    dyn = f"periodic:{settings.dyn_interval}"
+    dyn = periodic_label(settings.dyn_interval)  # the closed loop's label of dyn:N
     rows += [(f"RIFT-dyn (Δ={settings.dyn_interval})", dyn, budget) for budget in settings.budgets]
     return rows
 
@@ -108,7 +109,7 @@ def _run_draft(
             scorer=settings.scorer,
             dataset=dataset,
         )
-        policies = ["stat", f"dyn:{settings.dyn_interval}"] + (["full"] if index == 0 else [])
+        policies = ["stat", PolicySpec(DYN, interval=settings.dyn_interval).label] + (["full"] if index == 0 else [])
         run_dir = out_dir / f"B{budget}"
         collect_closed(model, requests, rows, run_dir, collect, policies, target_model=target, on_request=on_request)
         for label, totals in closed_results(run_dir).items():
