@@ -3,6 +3,7 @@
 Every option is checked before any model loads (bad options exit 2 with the option named on
 stderr); errors a user can cause end as one plain line on stderr with exit 1 (cli/_errors.py);
 progress goes to stderr, as bars on a terminal and as log lines elsewhere (cli/_progress.py).
+The console, the progress reporter and the checks other command modules share are in cli/_common.py.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
 from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fail, note_output
-from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
+from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
@@ -35,11 +37,7 @@ app = typer.Typer(
     cls=ReportingGroup,
     rich_markup_mode=None,  # usage errors as plain `Error: ...` lines on stderr, never parsed as markup
 )
-console = Console(highlight=False)
-if not console.is_terminal:  # logs and pipes: tables at their natural width, nothing folded or cut
-    console = Console(highlight=False, width=100_000)
 
-ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
 TempOption = Annotated[float, typer.Option("--temp", "-t", min=0.0, help="Sampling temperature T (0 = greedy).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
 DeviceMapOption = Annotated[
@@ -68,11 +66,6 @@ def _token_counter(progress: ProgressReporter, stage: str, total: int | None = N
     """An ``on_token(token)`` callback (target generation) counting each generated token on ``stage``."""
     committed = progress.tokens_callback(stage, total)
     return lambda token: committed(1, 0)
-
-
-def _progress() -> ProgressReporter:
-    """The progress reporter every command uses (bars on a terminal, log lines elsewhere)."""
-    return ProgressReporter()
 
 
 def _print_json(data: Any) -> None:
@@ -118,15 +111,6 @@ def _positive(value: float | None) -> float | None:
     return value
 
 
-def _check_model(model: str) -> Any:
-    from rift_ada.models import ModelError, resolve_preset
-
-    try:
-        return resolve_preset(model)
-    except ModelError as error:
-        bad_option("--model", str(error))
-
-
 def _check_shard(shard: str | None) -> str | None:
     """``i/N``, or ``auto`` resolved from SLURM / Kubernetes / torchrun / Ray variables; the shard to use."""
     if shard is None:
@@ -156,38 +140,9 @@ def _check_arm_ages(text: str, decision_stride: int = 8) -> tuple[int, ...]:
     return ages
 
 
-def _check_dataset(dataset: str) -> None:
-    """File-based dataset specs are read now (cheap); the embedded ones need the tokenizer later."""
-    if dataset.strip() in ("embedded", "embedded:small"):
-        return
-    from rift_ada.collectors.datasets import load_dataset
-
-    try:
-        load_dataset(dataset)
-    except (ValueError, OSError) as error:
-        bad_option("--dataset", str(error))
-
-
 def _check_input_file(path: Path | None, option: str) -> None:
     if path is not None and not path.is_file():
         bad_option(option, f"{path}: no such file")
-
-
-def _check_writable(path: Path, option: str, root: Path | None = None) -> None:
-    """The directory ``path`` will be written into can be made and written (tried now, before any work).
-
-    ``root``: the folder ``option`` names when ``path`` is a file in it (errors under it name ``option``)."""
-    note_output(root if root is not None else path, option)
-    if path.is_dir() and path.suffix:
-        fail(f"{path}: is a directory ({option})")
-    directory = path.parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".rift-ada-write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        fail(f"cannot write {option} {path}: {describe_error(error)}")
 
 
 @app.command()
@@ -273,13 +228,13 @@ def targets(
     dtype: DtypeOption = None,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
-    preset = _check_model(model)
+    preset = check_model(model)
     shard = _check_shard(shard)
-    _check_dataset(dataset)
+    check_dataset(dataset)
     _check_input_file(import_file, "--import")
     if min_new_tokens > max_new_tokens:
         bad_option("--min-new-tokens", f"must be <= --max-new-tokens ({max_new_tokens}), got {min_new_tokens}")
-    _check_writable(out, "--out")
+    check_writable(out, "--out")
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
     if import_file is not None:
@@ -298,7 +253,7 @@ def targets(
         if shard is not None and not out.exists():
             from rift_ada.collectors.targets_store import generate_targets_resumable
 
-            with _progress() as progress:
+            with progress_reporter() as progress:
                 done = generate_targets_resumable(
                     pair.target_for_generation,
                     pair.tokenizer,
@@ -320,7 +275,7 @@ def targets(
                 return
             rows = done.rows or []
         else:
-            with _progress() as progress:
+            with progress_reporter() as progress:
                 rows = ensure_targets(
                     pair,
                     requests,
@@ -386,10 +341,10 @@ def collect(
     dtype: DtypeOption = None,
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
-    preset = _check_model(model)
+    preset = check_model(model)
     shard = _check_shard(shard)
     ages = _check_arm_ages(arm_ages)
-    _check_dataset(dataset)
+    check_dataset(dataset)
     from rift_ada.collectors.collect import CollectSettings, resolve_closed_policy
 
     settings = CollectSettings(
@@ -427,7 +382,7 @@ def collect(
         bad_option("--probe-batch-size", "applies to --mode probe only (closed mode: --batch-size)")
     if free_running and temp <= 0:
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
-    _check_writable(out / "manifest.json", "--out", root=out)
+    check_writable(out / "manifest.json", "--out", root=out)
     if targets_file is not None:
         note_output(targets_file, "--targets")  # generated there when absent
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
@@ -435,7 +390,7 @@ def collect(
 
     pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
     requests = load_requests(dataset, pair.tokenizer, limit=limit)
-    with _progress() as progress:
+    with progress_reporter() as progress:
         targets_path = targets_file or _default_targets(out)
         rows = ensure_targets(
             pair,
@@ -524,7 +479,7 @@ def evaluate(
         if mode != wanted:
             bad_option(option, f"{directory} holds {mode} traces; {option} takes a {wanted} trace directory")
     if out is not None:
-        _check_writable(out, "--out")
+        check_writable(out, "--out")
     for directory in (traces, closed):
         if directory is not None:
             _report_partial(check_complete(directory, allow_partial=allow_partial), directory)
@@ -668,7 +623,7 @@ def calibrate(
     ] = None,
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
-    preset = _check_model(model)
+    preset = check_model(model)
     chosen_signals = _check_signals(signals)
     if free_running and confirm != "closed":
         bad_option("--free-running", "only applies with --confirm closed")
@@ -693,8 +648,8 @@ def calibrate(
     except ValueError as error:
         bad_option("--traces", str(error))
     _check_block_size(block_size, manifest, traces)
-    _check_writable(controller_out, controller_option)
-    _check_writable(out / "report.md", "--out", root=out)
+    check_writable(controller_out, controller_option)
+    check_writable(out / "report.md", "--out", root=out)
     if storage is not None:
         from rift_ada.calibrate.study import open_storage
 
@@ -708,7 +663,7 @@ def calibrate(
 
     _report_partial(check_complete(traces, allow_partial=allow_partial), traces)
     probe = read_probe_traces(traces)
-    with _progress() as progress:
+    with progress_reporter() as progress:
         result = run_calibration(
             probe,
             out,

@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 import typer
 from rich.text import Text
 
-from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
+from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
+from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
 
 BenchSizeName = Literal["tiny", "small", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
-ModelOption = Annotated[str, typer.Option("--model", "-m", help="Preset name, local directory or Hub id.")]
 OUT_HELP = "Run directory (re-running continues where it stopped)."
 
 
@@ -92,7 +92,6 @@ def bench(
     from rift_ada.calibrate.bench import export_controllers as export
     from rift_ada.calibrate.bench_report import write_results
     from rift_ada.cli._errors import fail
-    from rift_ada.cli.app import _check_dataset, _check_model, _check_writable, _progress, console
 
     try:
         chosen = bench_size(
@@ -115,13 +114,13 @@ def bench(
         )
     except ValueError as error:  # a bad size: a usage error, before any model loads
         fail(error, code=2)
-    _check_model(model)
-    _check_dataset(dataset)
-    _check_writable(out / "bench.json", "--out", root=out)
+    check_model(model)
+    check_dataset(dataset)
+    check_writable(out / "bench.json", "--out", root=out)
     if results is not None:
-        _check_writable(results, "--results")
+        check_writable(results, "--results")
     if export_controllers is not None:
-        _check_writable(export_controllers / "controller.json", "--export-controllers", root=export_controllers)
+        check_writable(export_controllers / "controller.json", "--export-controllers", root=export_controllers)
     given = {
         "--size": size, "--model": model, "--dataset": dataset, "--out": out, "--requests": requests,
         "--output-tokens": output_tokens, "--budgets": budgets, "--temperatures": temperatures, "--trials": trials,
@@ -139,7 +138,7 @@ def bench(
         + (" --forced-length" if forced_length else "")
     )
     try:
-        with _progress() as progress:
+        with progress_reporter() as progress:
             outcome = run_bench(
                 out, size=chosen, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
                 progress=progress.stage_callback(), command=command,

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from rift_ada.cli._common import check_writable  # the one output-path check
 from rift_ada.cli._errors import fail
 
 console = Console(highlight=False, soft_wrap=True)
@@ -38,12 +39,6 @@ def _emit(data: dict[str, Any]) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-def _check_writable(path: Path, option: str) -> None:
-    from rift_ada.cli.app import _check_writable as check_writable  # the one output-path check
-
-    check_writable(path, option)
-
-
 @conformance_app.command("write")
 def write(
     controllers: Annotated[
@@ -63,7 +58,7 @@ def write(
     from rift_ada.controller import ControllerError
 
     paths = controllers if controllers else sorted(Path("data/controllers").glob("*.json"))
-    _check_writable(out / "manifest.json", "--out")
+    check_writable(out / "manifest.json", "--out")
     try:
         files = vector_set(paths, seed=seed, n_random=random_controllers, n_cases=cases, n_rounds=rounds)
     except (ConformanceError, ControllerError, OSError) as error:
@@ -87,7 +82,7 @@ def run(
     from rift_ada.conformance import ConformanceError, run_vectors
     from rift_ada.controller import ControllerError
 
-    _check_writable(out, "--out")
+    check_writable(out, "--out")
     try:
         text = run_vectors(vectors)
     except (ConformanceError, ControllerError, OSError) as error:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from rift_ada.cli._common import check_writable, console, progress_reporter
 from rift_ada.cli._options import DEFAULT_SCORER, ScorerOption
 
 
@@ -69,7 +70,6 @@ def train(
 ) -> None:
     """Distil the draft from the target under compression-driven attention masks (paper §5)."""
     from rift_ada.cli._errors import fail, note_output
-    from rift_ada.cli.app import _check_writable, _progress, console
     from rift_ada.train.config import TrainConfig
     from rift_ada.train.losses import LossWeights
     from rift_ada.train.trainer import train as run_training
@@ -107,11 +107,11 @@ def train(
         )
     except ValueError as error:  # an option out of range: a usage error, before any model loads
         fail(error, code=2)
-    _check_writable(out / "train.json", "--out", root=out)
+    check_writable(out / "train.json", "--out", root=out)
     if targets_file is not None:
         note_output(targets_file, "--targets")  # generated there when absent
     try:
-        with _progress() as progress:
+        with progress_reporter() as progress:
 
             def on_step(done: int, total: int, record: dict) -> None:
                 progress.update("train", done, total, unit="steps")  # the loss goes to the log (rift_ada.train)
@@ -148,7 +148,6 @@ def train_eval(
 ) -> None:
     """AL before/after training (full KV, RIFT-stat, RIFT-dyn per budget) with paired-bootstrap CIs."""
     from rift_ada.cli._errors import fail
-    from rift_ada.cli.app import _check_writable, _progress, console
     from rift_ada.train.evaluate import EvalSettings, evaluate_runs
 
     try:
@@ -163,9 +162,9 @@ def train_eval(
         )
     except ValueError as error:  # an option out of range: a usage error, before any model loads
         fail(error, code=2)
-    _check_writable(out / "eval.json", "--out", root=out)
+    check_writable(out / "eval.json", "--out", root=out)
     try:
-        with _progress() as progress:
+        with progress_reporter() as progress:
             result = evaluate_runs(
                 run,
                 out,
