@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,11 @@ def test_callers_route_through_the_parser(tmp_path: Path, monkeypatch: pytest.Mo
         resolve_closed_policy("gone.json", settings)
     (tmp_path / "stat").write_text("{}")  # a file named like a policy does not shadow it
     assert resolve_policy_spec("stat") == ("stat", "stat", "named")
+
+
+def test_the_parser_imports_only_the_standard_library() -> None:
+    """A serving stack reads specs beside the Controller: no numpy, torch or transformers behind it."""
+    heavy = "('numpy', 'torch', 'transformers')"
+    code = f"import sys, rift_ada.policy_spec; print(sorted(m for m in {heavy} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
