@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -208,7 +207,6 @@ def test_ray_launcher_on_a_local_ray_instance(job: Path, single: Path, tmp_path:
     ray = pytest.importorskip("ray")
     from rift_ada.collectors.ray_launcher import launch
 
-    start = time.monotonic()
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})  # fmt: skip
     try:
@@ -216,10 +214,8 @@ def test_ray_launcher_on_a_local_ray_instance(job: Path, single: Path, tmp_path:
         reports = launch(["collect", str(out)], 2, num_gpus=0, num_cpus=1, command=(sys.executable, str(job)))
     finally:
         ray.shutdown()
-    elapsed = time.monotonic() - start
     assert [report["shard"] for report in reports] == ["0/2", "1/2"]
     _assert_same_trace_set(out, single)
-    assert elapsed < 120
 
 
 def test_cli_sharded_targets_then_sharded_collect(tiny_model_dir, tmp_path: Path, monkeypatch):
