@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 10's GPU check, ready for a machine with a GPU: the batched draft/verify loop and target
 # generation on SmolLM2-135M in bf16 on CUDA, at T = 0 and T = 1, batch 8 against batch 1 (and
-# continuous batching), the same ratios benchmarks/bench_batch.py prints on the CPU
+# continuous batching), the same ratios benchmarks/investigations/bench_batch.py prints on the CPU
 # (docs/performance.md, "Batches"); then the probe with 1, 4 and 8 requests' arms stacked per
-# forward (benchmarks/bench_probe_requests.py; on this CPU stacking did not pay).
+# forward (benchmarks/investigations/bench_probe_requests.py; on this CPU stacking did not pay).
 #
 #   bash benchmarks/gpu_batch_check.sh [OUT_DIR]          # default OUT_DIR: runs/gpu-batch-check
 #   DEVICE=cpu DTYPE=float32 TOKENS=16 REQUESTS=4 BATCH=2 THREADS=1 bash benchmarks/gpu_batch_check.sh   # CPU smoke run

@@ -1,6 +1,6 @@
 """Replay fidelity with fewer arms: the same probe and closed loops, replay reading subsets of the arms.
 
-    .venv/bin/python benchmarks/fidelity_arms.py runs/fid6-dense \
+    .venv/bin/python benchmarks/investigations/fidelity_arms.py runs/fid6-dense \
         --arm-sets 0,32,64,128,256,512 0,16,32,64,128,256,512 0,8,16,24,32,48,64,128,256,512
 
 A finished ``benchmarks/fidelity.py`` run probes every arm once; replay of a sparser age grid is

@@ -1,7 +1,7 @@
 """The probe with requests batched as well as arms: throughput at each batch size, and agreement.
 
-    .venv/bin/python benchmarks/bench_probe_requests.py                              # 4 x 128 tokens, 2 threads
-    .venv/bin/python benchmarks/bench_probe_requests.py --batches 1,2,4,8 --requests 8 --osl 96,128,160
+    .venv/bin/python benchmarks/investigations/bench_probe_requests.py                              # 4 x 128 tokens, 2 threads
+    .venv/bin/python benchmarks/investigations/bench_probe_requests.py --batches 1,2,4,8 --requests 8 --osl 96,128,160
 
 SmolLM2-135M, KV self-speculation, rift-stat B = 256, the default arms. The first ``--requests``
 embedded prompts of the 1K ISL bucket, each with its greedy response of a length cycled from
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # compare_probe.py, a maintained script
 from compare_probe import largest_difference  # noqa: E402
 
 

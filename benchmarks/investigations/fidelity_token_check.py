@@ -1,10 +1,10 @@
 """Does the probe's token_acceptance predict the free-running loop's own accept/reject decisions?
 
-    .venv/bin/python benchmarks/fidelity_token_check.py runs/fid6-t1      # after fidelity_free_text.py on the run
-    .venv/bin/python benchmarks/fidelity_token_check.py runs/fid6-t1 --seed 2   # reruns loop seed 2 first
+    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1      # after fidelity_free_text.py on the run
+    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1 --seed 2   # reruns loop seed 2 first
 
 Reads the run's free-running `stat` loop (its closed traces' rounds, seed 0) and that loop's
-committed texts (``probe-loop-text/loop.json``, written by benchmarks/fidelity_free_text.py),
+committed texts (``probe-loop-text/loop.json``, written by benchmarks/investigations/fidelity_free_text.py),
 probes each text with `stat` only (no age arms), and compares, over every draft the loop verified
 (the accepted ones and the first rejected one of each round but a request's last), the accepted
 count with the sum of the probe's min(1, q(x) / p(x)) and of its sum min(p, q): overall and among

@@ -1,8 +1,8 @@
 """Would the probe gain from batching requests as well as arms? The per-token cost of its forwards.
 
-    .venv/bin/python benchmarks/bench_probe_batch.py                 # SmolLM2-135M, 1 thread
-    .venv/bin/python benchmarks/bench_probe_batch.py --threads 2
-    .venv/bin/python benchmarks/bench_probe_batch.py --rows 1,8 --tokens 1 --context 448   # decode steps
+    .venv/bin/python benchmarks/investigations/bench_probe_batch.py                 # SmolLM2-135M, 1 thread
+    .venv/bin/python benchmarks/investigations/bench_probe_batch.py --threads 2
+    .venv/bin/python benchmarks/investigations/bench_probe_batch.py --rows 1,8 --tokens 1 --context 448   # decode steps
 
 The probe (`rift_ada.collectors.probe`) runs, per 8-token stride of one request, one batched
 forward of its compressed arms (8 rows × 8 tokens with the default arms) over working sets of

@@ -1,7 +1,7 @@
 """Round by round: what the probe arms predict for each closed-loop round vs what the loop did.
 
-    .venv/bin/python benchmarks/fidelity_rounds.py runs/fid-t0        # a benchmarks/fidelity.py run
-    .venv/bin/python benchmarks/fidelity_rounds.py runs/fid-t0 --closed closed-p8 --collect periodic:8
+    .venv/bin/python benchmarks/investigations/fidelity_rounds.py runs/fid-t0        # a benchmarks/fidelity.py run
+    .venv/bin/python benchmarks/investigations/fidelity_rounds.py runs/fid-t0 --closed closed-p8 --collect periodic:8
 
 For every closed-loop round (request, start position n, working-set age a at the round's start)
 the probe traces predict the round's AL from the arms around a (the younger probed age g_j <= a,
