@@ -197,7 +197,15 @@ def size_caveat(summary: dict[str, Any]) -> list[str]:
         f"(closed loop on {n_table} request{'s' if n_table != 1 else ''}"
         + (": an ordering, not a comparison with CIs)." if n_table < n_confirm or n_table < 10 else ").")
     )
-    if detectable is None or detectable > PAPER_AL_GAIN:
+    decided = [tag for tag, cell in summary["cells"].items() if (cell.get("curve") or {}).get("decided")]
+    if decided:  # the forecast above takes the pre-check's spread; the curve gap's own spread is what decided
+        lines.append(
+            f"- Decided at this size: {', '.join(decided)} (the curve gap's CI, in The answer, is narrower than this "
+            "forecast, which takes the pre-check's spread); "
+            + ("every other cell is underpowered, with the requests it needs beside it." if len(decided) < len(cells)
+               else "every cell.")
+        )  # fmt: skip
+    elif detectable is None or detectable > PAPER_AL_GAIN:
         lines.append(
             "- It cannot decide whether RIFT-ada beats periodic refresh by an effect of the paper's size: a verdict "
             "at this size is a smoke test of the pipeline, not evidence (docs/results.md is the run sized to decide)."

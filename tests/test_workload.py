@@ -279,3 +279,7 @@ def test_bench_target_workload_reports_eos_lengths_and_loops_and_the_report_says
     assert "cannot decide whether RIFT-ada beats periodic refresh" in caveat
     big = {"confirmation_ids": ["a"] * 400, "table_ids": ["a"] * 400, "precheck": {"headroom": {"sd": 0.3}}}
     assert "cannot decide whether" not in "\n".join(size_caveat({"cells": {"T1 B128": big}}))
+    # a cell whose curve verdict decided says so instead of the forecast's "cannot decide"
+    decided = "\n".join(size_caveat({"cells": {"T1 B128": {**cell, "curve": {"decided": True}}, "T0 B128": cell}}))
+    assert "cannot decide whether" not in decided
+    assert "Decided at this size: T1 B128" in decided and "every other cell is underpowered" in decided
