@@ -87,14 +87,14 @@ def _run_view(cell: dict[str, Any]) -> dict[str, Any]:
     return {"closed_by_position": cell["closed_by_position"], "temperature": cell["temperature"], "closed": closed}
 
 
-def _comparison_rows(cell: dict[str, Any]) -> list[str]:
+def _comparison_rows(confirmation: dict[str, Any]) -> list[str]:
     lines = [
         "| comparison (paired bootstrap 95% CI, confirmation split) | baseline | source | refresh reduction "
         "| AL difference |",
         "|---|---|---|---|---|",
     ]
-    closed = cell["confirmation"]["comparisons"]
-    replay = {c["name"]: c for c in cell["confirmation"].get("replay_comparisons", [])}
+    closed = confirmation["comparisons"]
+    replay = {c["name"]: c for c in confirmation.get("replay_comparisons", [])}
     for comparison in closed:
         lines.append(
             f"| {comparison['name']} | {comparison['baseline']} | closed loop | "
@@ -107,6 +107,36 @@ def _comparison_rows(cell: dict[str, Any]) -> list[str]:
                 f"{_interval(other['refresh_reduction'], percent=True)} | {_interval(other['al_difference'])} |"
             )
     return lines
+
+
+def _engine_section(cell: dict[str, Any]) -> list[str]:
+    """The cell's engine controller (``--export-controllers``: calibrated without query_drift) and its closed loop."""
+    engine = cell.get("engine_controller")
+    if not engine:
+        return []
+    if engine.get("same_as_best"):
+        return [
+            "### The engine controller",
+            "",
+            f"The controller reads only signals an engine can feed ({', '.join(engine['signals'])}): it is shipped "
+            "for engines as it is.",
+            "",
+        ]
+    confirmation = engine["confirmation"]
+    chosen = confirmation["policies"]["chosen"]["closed"]
+    return [
+        f"### The engine controller (without query_drift; {confirmation['n_requests']} confirmation-split requests, "
+        "closed loop)",
+        "",
+        f"`{engine['controller_name']}`: calibrated on the same probe traces and splits with "
+        f"{', '.join(engine['signals'])}; it reads {', '.join(engine['signals_used'])}. Closed loop: AL "
+        f"{_fmt(chosen['mean_al'])} at {_fmt(chosen['refreshes_per_1k'], 1)} refreshes/1K.",
+        "",
+        *_comparison_rows(confirmation),
+        "",
+        confirmation["verdict"]["text"],
+        "",
+    ]
 
 
 def _precheck_label(spec: str) -> str:
@@ -494,10 +524,11 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
             f"### Against one periodic reference and periodic at the same rate ({len(cell['confirmation_ids'])} "
             "requests; secondary)",
             "",
-            *_comparison_rows(cell),
+            *_comparison_rows(cell["confirmation"]),
             "",
             cell["confirmation"]["verdict"]["text"],
             "",
+            *_engine_section(cell),
             "### Staleness curve (closed loop, AL of rounds starting in each output bin)",
             "",
             f"![staleness {tag}]({images}/{_png(cell)})",

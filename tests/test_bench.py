@@ -117,6 +117,10 @@ def test_results_page_and_exported_controllers(bench_dir):
         else:
             assert controller["name"] == cell["controller_name"]
             assert engine["same_as_best"] is not reads_drift
+    for cell in summary["cells"].values():  # the results page shows each cell's engine controller
+        engine = cell["engine_controller"]
+        shown = "shipped for engines as it is" if engine["same_as_best"] else engine["confirmation"]["verdict"]["text"]
+        assert "### The engine controller" in results and shown in results
 
 
 class _Interrupt(Exception):
