@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/investigations/bench_batch.py                   # 8 requests, 96 output tokens, B = 256
     .venv/bin/python benchmarks/investigations/bench_batch.py --tokens 48 --isl 384 --dtype bfloat16
-    .venv/bin/python benchmarks/investigations/bench_batch.py --requests 16 --mixed    # + continuous batching, mixed ALs
+    # + continuous batching, mixed ALs
+    .venv/bin/python benchmarks/investigations/bench_batch.py --requests 16 --mixed
 
 Both variants run the same requests in the same process, interleaved (batch 1 = one request at a
 time through the same functions), and must give the same tokens; the ratio of their tokens/s is

@@ -1,6 +1,7 @@
 """The probe with requests batched as well as arms: throughput at each batch size, and agreement.
 
-    .venv/bin/python benchmarks/investigations/bench_probe_requests.py                              # 4 x 128 tokens, 2 threads
+    # 4 x 128 tokens, 2 threads
+    .venv/bin/python benchmarks/investigations/bench_probe_requests.py
     .venv/bin/python benchmarks/investigations/bench_probe_requests.py --batches 1,2,4,8 --requests 8 --osl 96,128,160
 
 SmolLM2-135M, KV self-speculation, rift-stat B = 256, the default arms. The first ``--requests``

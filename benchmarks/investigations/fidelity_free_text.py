@@ -1,6 +1,7 @@
 """T > 0: is replay's gap to the free-running loop about the text, or about how rounds fall on it?
 
-    .venv/bin/python benchmarks/investigations/fidelity_free_text.py runs/fid-t1      # a benchmarks/fidelity.py --temp 1 run
+    # a benchmarks/fidelity.py --temp 1 run
+    .venv/bin/python benchmarks/investigations/fidelity_free_text.py runs/fid-t1
 
 Reruns the free-running `stat` loop of the run (same seeds, so the same text and rounds as its
 closed loop), probes the loop's *own* committed text (instead of the target's sampled response)

@@ -1,6 +1,7 @@
 """T > 0 fidelity of replay for `stat`, paired on the free-running loop's own texts.
 
-    .venv/bin/python benchmarks/investigations/fidelity_paired.py runs/fid6-t1 --seeds 0,1,2,3,4,5   # a fidelity.py --temp 1 run
+    # a fidelity.py --temp 1 run
+    .venv/bin/python benchmarks/investigations/fidelity_paired.py runs/fid6-t1 --seeds 0,1,2,3,4,5
 
 Given its committed text, the free-running loop accepts each drafted position independently with
 probability min(1, q(x) / p(x)) of the token x there (docs/calibration.md, "Acceptance given the

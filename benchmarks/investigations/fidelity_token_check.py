@@ -1,7 +1,9 @@
 """Does the probe's token_acceptance predict the free-running loop's own accept/reject decisions?
 
-    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1      # after fidelity_free_text.py on the run
-    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1 --seed 2   # reruns loop seed 2 first
+    # after fidelity_free_text.py on the run
+    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1
+    # reruns loop seed 2 first
+    .venv/bin/python benchmarks/investigations/fidelity_token_check.py runs/fid6-t1 --seed 2
 
 Reads the run's free-running `stat` loop (its closed traces' rounds, seed 0) and that loop's
 committed texts (``probe-loop-text/loop.json``, written by benchmarks/investigations/fidelity_free_text.py),

@@ -1,6 +1,7 @@
 """Is the teacher-forced T > 0 `stat` loop the probe's walk? Decision by decision, and its seed spread.
 
-    .venv/bin/python benchmarks/investigations/forced_walk.py runs/fid6-t1c --simulate 60   # after fidelity_forced.py on the run
+    # after fidelity_forced.py on the run
+    .venv/bin/python benchmarks/investigations/forced_walk.py runs/fid6-t1c --simulate 60
 
 Teacher-forced at T > 0, the loop draws one uniform per verified draft from the request's generator
 (seeded ``request_seed(seed, request)``) and accepts the draft at the text's token x when it is
