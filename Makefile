@@ -60,13 +60,14 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 # The verified vLLM run (docs/serving.md, section 6): a tiny random Llama, then SmolLM2-135M with the
-# shipped B = 128 controller. Not part of `make test` (about 25 minutes on 2 cores).
+# shipped B = 128 engine controller (no query_drift, which vLLM cannot feed). Not part of `make test` (about
+# 25 minutes on 2 cores).
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	$(PY) tools/check_vllm_adapter.py prepare --out $(VLLM_CHECK_OUT)
 	$(VLLM_VENV)/bin/python tools/check_vllm_adapter.py check --model $(VLLM_CHECK_OUT)/tiny-llama \
 		--out $(VLLM_CHECK_OUT)/tiny-llama-check
 	$(VLLM_VENV)/bin/python tools/check_vllm_adapter.py check --model $(VLLM_CHECK_OUT)/smollm2-135m \
-		--controller data/controllers/smollm2-135m-T0-B128.json --out $(VLLM_CHECK_OUT)/smollm2-135m-check
+		--controller data/controllers/smollm2-135m-T0-B128-engine.json --out $(VLLM_CHECK_OUT)/smollm2-135m-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info
