@@ -822,13 +822,15 @@ def _run_bench(
                 budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
                 extra_requests=cell_extra, register=registry.register,
             )  # fmt: skip
-            if engine_controllers:
-                from rift_ada.calibrate.engine_controller import engine_controller
+            from rift_ada.calibrate.engine_controller import engine_controller, finished_engine_controller
 
+            if engine_controllers:
                 cell["engine_controller"] = engine_controller(
                     pair, cell_requests, cell_targets, folder / f"B{budget}", cell, size=settings_size, seed=seed,
                     dataset=dataset, stages=stages,
                 )  # fmt: skip
+            elif (known := finished_engine_controller(folder / f"B{budget}", cell)) is not None:
+                cell["engine_controller"] = known  # made by an earlier --export-controllers run: kept in the report
             cells[cell["tag"]] = cell
             controllers[cell["tag"]] = cell["controller_path"]
     summary = {

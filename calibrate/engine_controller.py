@@ -28,6 +28,20 @@ def needs_engine_controller(controller: dict[str, Any]) -> bool:
     return not set(Controller.from_dict(controller).signals_used) <= set(ENGINE_SIGNALS)
 
 
+def _fingerprint(cell: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+    return {"cell": cell["fingerprint"], "signals": list(ENGINE_SIGNALS), "best": best["name"]}
+
+
+def finished_engine_controller(folder: Path, cell: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine controller an earlier ``--export-controllers`` run made for this unchanged cell, or None."""
+    summary_file = folder / "engine.json"
+    if not summary_file.exists():
+        return None
+    done = json.loads(summary_file.read_text(encoding="utf-8"))
+    best = json.loads(Path(cell["controller_path"]).read_text(encoding="utf-8"))
+    return done if done.get("fingerprint") == json_safe(_fingerprint(cell, best)) else None
+
+
 def engine_controller(
     pair: Any,
     requests: Any,
@@ -45,15 +59,16 @@ def engine_controller(
     from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
     from rift_ada.collectors.trace_io import read_probe_traces
 
+    done = finished_engine_controller(folder, cell)
+    if done is not None:
+        return done
     best = json.loads(Path(cell["controller_path"]).read_text(encoding="utf-8"))
-    if not needs_engine_controller(best):
-        return {"same_as_best": True, "signals": list(ENGINE_SIGNALS)}
     summary_file = folder / "engine.json"
-    fingerprint = {"cell": cell["fingerprint"], "signals": list(ENGINE_SIGNALS), "best": best["name"]}
-    if summary_file.exists():
-        done = json.loads(summary_file.read_text(encoding="utf-8"))
-        if done.get("fingerprint") == json_safe(fingerprint):
-            return done
+    fingerprint = _fingerprint(cell, best)
+    if not needs_engine_controller(best):
+        same = json_safe({"fingerprint": fingerprint, "same_as_best": True, "signals": list(ENGINE_SIGNALS)})
+        atomic_write_json(summary_file, same)
+        return same
     temperature, budget, tag = float(cell["temperature"]), int(cell["budget"]), f"{cell['tag']} engine"
     traces = read_probe_traces(folder / "probe")
     calibration, controller, controller_path = bench._calibrated(
