@@ -40,6 +40,8 @@ from rift_ada.scorers.registry import SCORER_NAMES
 from rift_ada.throughput import CLOSED_BATCH
 
 Progress = Callable[[str, int, int | None], None]
+# ``stage -> on_tokens(tokens, rounds)``: tokens committed as a long stage runs (the CLI's ``tokens_callback``)
+TokenProgress = Callable[[str], Callable[[int, int], None]]
 
 BENCH_FORMAT = "rift-ada.bench"
 BENCH_VERSION = 1
@@ -203,6 +205,7 @@ class _Stages:
     """Progress of a bench: every stage line goes to ``progress`` (and so to the log)."""
 
     progress: Progress
+    token_progress: TokenProgress | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def counter(self, stage: str, total: int) -> Callable[[str, int], None]:
@@ -214,6 +217,15 @@ class _Stages:
             self.progress(stage, done[0], total)
 
         return step
+
+    def tokens(self, stage: str) -> Callable[[int, int], None] | None:
+        """``on_tokens(tokens, rounds)`` moving ``stage`` (started by :meth:`counter`) as tokens are committed."""
+        return None if self.token_progress is None else self.token_progress(stage)
+
+    def token_counter(self, stage: str) -> Callable[[int], None] | None:
+        """``on_token(token)`` (target generation): one committed token per call on ``stage``."""
+        committed = self.tokens(stage)
+        return None if committed is None else lambda token: committed(1, 0)
 
     def timed(self, stage: str, seconds: float) -> None:
         self.timings[stage] = round(self.timings.get(stage, 0.0) + seconds, 1)
@@ -520,6 +532,7 @@ def run_cell(
             settings,
             mode="probe",
             on_request=stages.counter(f"{tag} probe", len(requests)),
+            on_tokens=stages.tokens(f"{tag} probe"),
             batch_size=size.probe_batch_size,
             extra_manifest=None if targets_manifest is None else {"targets": targets_manifest},
         )
@@ -580,6 +593,7 @@ def run_cell(
         extra_policies=table_extra if table_ids == confirmation_ids else (),
         batch_size=size.batch_size,
         on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
+        on_tokens=stages.tokens(f"{tag} closed loop: confirmation"),
         free_running=free_running,
         preregistration=preregistration,
         extra_requests=extra_ids,
@@ -599,6 +613,7 @@ def run_cell(
             table_only,
             target_model=pair.target,
             on_request=stages.counter(f"{tag} closed loop: Table 1 methods", len(table_ids)),
+            on_tokens=stages.tokens(f"{tag} closed loop: Table 1 methods"),
             free_running=free_running,
             batch_size=size.batch_size,
         )
@@ -754,8 +769,13 @@ def run_bench(
     progress: Progress | None = None,
     command: str | None = None,
     engine_controllers: bool = False,
+    token_progress: TokenProgress | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) the benchmark into ``out_dir``; returns the summary written to ``bench.json``.
+
+    ``progress(stage, done, total)`` per finished request or step; ``token_progress(stage)`` (optional) gives
+    each long stage (targets, probe, closed loop) an ``on_tokens(tokens, rounds)`` called as tokens are
+    committed, so a stage's progress moves between finished requests.
 
     A second run on the same ``out_dir`` while this one lives is refused (``LeaseHeldError``).
     ``engine_controllers``: per cell whose best controller reads ``query_drift``, also calibrate and
@@ -769,17 +789,19 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out, "bench", what=f"rift-ada bench on {out}"):  # one process per run directory
         return _run_bench(out, settings_size, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
-                          progress=progress, command=command, engine_controllers=engine_controllers)  # fmt: skip
+                          progress=progress, command=command, engine_controllers=engine_controllers,
+                          token_progress=token_progress)  # fmt: skip
 
 
 def _run_bench(
     out: Path, settings_size: BenchSize, *, model: str, seed: int, dataset: str, device: str, dtype: str | None,
     progress: Progress | None, command: str | None, engine_controllers: bool = False,
+    token_progress: TokenProgress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
     from rift_ada.collectors.targets_io import targets_provenance
 
-    stages = _Stages(progress or (lambda stage, done, total: None))
+    stages = _Stages(progress or (lambda stage, done, total: None), token_progress)
     started = time.monotonic()
     stages.progress("load model", 0, 1)
     pair = load_pair(model, device=device, dtype=dtype)
@@ -802,6 +824,7 @@ def _run_bench(
             min_new_tokens=settings_size.output_tokens if settings_size.forced_length else 0,
             extend=True,
             on_request=stages.counter(f"T{temperature:g} targets", len(requests) + len(extra_requests)),
+            on_token=stages.token_counter(f"T{temperature:g} targets"),
             batch_size=settings_size.batch_size,
         )
         stages.timed(f"T{temperature:g} targets", time.monotonic() - began)

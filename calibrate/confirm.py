@@ -165,6 +165,7 @@ def confirm_closed(
     margin: float | None = None,
     n_resamples: int | None = None,
     on_request: Callable[[str, int], None] | None = None,
+    on_tokens: Callable[[int, int], None] | None = None,
     extra_policies: Sequence[str] = (),
     batch_size: int = CLOSED_BATCH,
     free_running: bool = False,
@@ -178,10 +179,11 @@ def confirm_closed(
     confirmation requests are run). The closed-loop run lands in ``out_dir``. ``margin`` defaults to
     the calibration's. ``extra_policies`` (e.g. a benchmark's Table 1 methods) run in the same closed
     loop, on the same requests. ``free_running`` (T > 0 only): real rejection sampling instead of
-    teacher forcing on the targets. ``preregistration`` (a :class:`~rift_ada.calibrate.curve.Preregistration`):
-    its curve policies (RIFT-stat and periodic Δs) run too, and the pre-registered curve verdict is computed
-    from the closed loop. ``extra_requests``: ids of confirmation-only requests (never probed nor calibrated
-    on) run beside the split's. Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
+    teacher forcing on the targets. ``on_tokens(tokens, rounds)``: called as the closed loop commits tokens.
+    ``preregistration`` (a :class:`~rift_ada.calibrate.curve.Preregistration`): its curve policies (RIFT-stat
+    and periodic Δs) run too, and the pre-registered curve verdict is computed from the closed loop.
+    ``extra_requests``: ids of confirmation-only requests (never probed nor calibrated on) run beside the split's.
+    Returns the closed-loop verdict with paired-bootstrap CIs, replay's beside it.
     """
     from rift_ada.collectors.collect import check_free_running, closed_results, collect_closed
 
@@ -216,6 +218,7 @@ def confirm_closed(
         specs,
         target_model=target_model,
         on_request=on_request,
+        on_tokens=on_tokens,
         free_running=free_running,
         batch_size=batch_size,
     )

@@ -89,6 +89,7 @@ def engine_controller(
         out_dir=folder / "confirm-engine",
         batch_size=size.batch_size,
         on_request=stages.counter(f"{tag} closed loop: confirmation", len(held_out)),
+        on_tokens=stages.tokens(f"{tag} closed loop: confirmation"),
         free_running=bool(cell.get("free_running")),
     )
     stages.timed(f"{tag} closed loop", time.monotonic() - started)

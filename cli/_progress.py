@@ -83,13 +83,22 @@ class ProgressReporter:
     """Progress of named stages: bars on a terminal, one log line per step elsewhere.
 
     ``min_interval`` throttles log lines of fast stages (a line at most this often, the last step
-    always printed); 0 prints every step.
+    always printed); 0 prints every step. ``token_interval`` throttles the lines that only committed
+    tokens moved (a batched round every second would otherwise fill a log): at most one per stage this often.
     """
 
-    def __init__(self, console: Console | None = None, *, live: bool | None = None, min_interval: float = 0.5):
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        live: bool | None = None,
+        min_interval: float = 0.5,
+        token_interval: float = 15.0,
+    ):
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal if live is None else live
         self.min_interval = min_interval
+        self.token_interval = token_interval
         self._stages: dict[str, _Stage] = {}
         self._bars: RichProgress | None = None
 
@@ -144,7 +153,8 @@ class ProgressReporter:
         if done == stage.last_done and stage.tokens == stage.last_tokens:
             return  # nothing new (e.g. a final report repeating the last one)
         finished = stage.total is not None and done >= stage.total and done != stage.last_done
-        if finished or stage.last_line < 0 or now - stage.last_line >= self.min_interval:
+        interval = self.min_interval if done != stage.last_done else max(self.min_interval, self.token_interval)
+        if finished or stage.last_line < 0 or now - stage.last_line >= interval:
             stage.last_line, stage.last_done, stage.last_tokens = now, done, stage.tokens
             self.console.print(Text(stage.line(now)))
 

@@ -141,7 +141,7 @@ def bench(
         with progress_reporter() as progress:
             outcome = run_bench(
                 out, size=chosen, model=model, seed=seed, dataset=dataset, device=device, dtype=dtype,
-                progress=progress.stage_callback(), command=command,
+                progress=progress.stage_callback(), token_progress=progress.tokens_callback, command=command,
                 engine_controllers=export_controllers is not None,
             )  # fmt: skip
     except (ValueError, OSError) as error:

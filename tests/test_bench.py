@@ -214,14 +214,40 @@ def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished
     )
     assert probe and calibration and closed
     stages: list[str] = []
+    committed: dict[str, list[int]] = {}  # stage -> [tokens, rounds] reported as they were committed
+
+    def on_tokens(stage: str):
+        totals = committed.setdefault(stage, [0, 0])
+
+        def add(tokens: int, rounds: int) -> None:
+            totals[0] += tokens
+            totals[1] += rounds
+
+        return add
+
     run_bench(out, size=bench_size("tiny", confirm_extra=1), model=str(tiny_model_dir),
-              progress=lambda stage, done, total: stages.append(stage))  # fmt: skip
+              progress=lambda stage, done, total: stages.append(stage), token_progress=on_tokens)  # fmt: skip
     assert not [s for s in stages if s.endswith(" probe") or "calibrate: study" in s], stages
     assert snapshot("T*/B*/probe/**/*") == probe and snapshot("T*/B*/calibration/study.db") == calibration
     after_closed = snapshot("T*/B*/confirm/closed/**/*.parquet")
     assert all(after_closed.get(path) == mtime for path, mtime in closed.items())  # finished requests kept
     assert len(after_closed) > len(closed)  # the new request's parts
     summary = json.loads((out / "bench.json").read_text())
+    from rift_ada.collectors.collect import closed_results
+    from rift_ada.collectors.targets_io import read_targets
+
+    for tag, cell in summary["cells"].items():  # the live token counts are the tokens the new request committed
+        temperature, budget = tag.split()
+        new_id = cell["extra_ids"][0]
+        response = {row["request_id"]: row for row in read_targets(out / temperature / "targets.parquet")}[new_id]
+        assert committed[f"{temperature} targets"][0] == len(response["response_token_ids"])
+        runs = [data for data in closed_results(out / temperature / budget / "confirm" / "closed").values()]
+        new_runs = [(data["committed"][data["request_id"] == new_id], data["rounds"][data["request_id"] == new_id])
+                    for data in runs]  # fmt: skip
+        assert committed[f"{tag} closed loop: confirmation"] == [
+            int(sum(tokens.sum() for tokens, _ in new_runs)),
+            int(sum(rounds.sum() for _, rounds in new_runs)),
+        ]
     for tag, cell in summary["cells"].items():
         old = before["cells"][tag]
         assert len(cell["extra_ids"]) == 1 and cell["extra_ids"][0] not in old["confirmation_ids"]

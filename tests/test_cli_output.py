@@ -134,7 +134,7 @@ def test_committed_tokens_move_the_line_between_finished_requests(monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 3.0, 4.0])
     monkeypatch.setattr("rift_ada.cli._progress.time.monotonic", lambda: next(clock))
     buffer = io.StringIO()
-    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=0) as progress:
+    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=0, token_interval=0) as progress:
         finished = progress.request_callback("collect closed", 2)
         committed = progress.tokens_callback("collect closed", 2)
         committed(30, 8)  # two rounds of four runs, no request finished yet
@@ -147,3 +147,21 @@ def test_committed_tokens_move_the_line_between_finished_requests(monkeypatch):
     assert lines[2].startswith("[collect closed] 1/2 requests (50%) | 40 tokens, 12 rounds")
     assert lines[3].startswith("[collect closed] 2/2 requests (100%) | 40 tokens, 12 rounds")
     assert lines[3].endswith("done")
+
+
+def test_lines_that_only_tokens_moved_are_throttled_in_a_log(monkeypatch):
+    clock = iter([0.0, 1.0, 5.0, 11.0, 12.0, 13.0])
+    monkeypatch.setattr("rift_ada.cli._progress.time.monotonic", lambda: next(clock))
+    buffer = io.StringIO()
+    with ProgressReporter(Console(file=buffer, width=200), live=False, min_interval=0, token_interval=10) as progress:
+        finished = progress.request_callback("probe", 2)
+        committed = progress.tokens_callback("probe", 2)
+        committed(10, 1)  # t = 1: the stage's first line
+        committed(10, 1)  # t = 5: tokens only, 4 s after the last line: throttled
+        committed(10, 1)  # t = 11: 10 s after the last line: printed, with every token so far
+        committed(10, 1)  # t = 12: throttled
+        finished("a", 40)  # t = 13: a finished request always prints
+    lines = buffer.getvalue().splitlines()
+    moved = [line.split(" | ")[1] for line in lines]
+    assert moved == ["10 tokens, 1 rounds", "30 tokens, 3 rounds", "40 tokens, 4 rounds"]
+    assert lines[-1].startswith("[probe] 1/2 requests (50%)")
