@@ -38,13 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from rift_ada import policy_kinds
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, arm_age
-from rift_ada.controller import (
-    SIGNAL_NAMES,
-    Controller,
-    policy_signals,
-    validate_controller_dict,
-)
+from rift_ada.controller import SIGNAL_NAMES, Controller, validate_controller_dict
 from rift_ada.policies.score import ScoreLanes
 from rift_ada.policies.signals import SignalEngine
 from rift_ada.policy_spec import parse
@@ -574,7 +570,7 @@ def _run_lanes(
             stride_index=np.zeros(n_lanes, dtype=np.int64),
         )
         used: set[str] = set(SIGNAL_NAMES) if observer is not None else set()
-        used = used.union(*(policy_signals(c["policy"]) for c in controllers))
+        used = used.union(*(policy_kinds.from_json(c["policy"]).signals() for c in controllers))
         engine = SignalEngine(
             n_lanes,
             alpha=_lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], per_policy),

@@ -19,13 +19,32 @@ import copy
 import json
 import math
 import numbers
-from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rift_ada import policy_kinds
+from rift_ada.policy_kinds import POLICY_KINDS, knot_transform
 from rift_ada.scorers.registry import SCORER_NAMES
+from rift_ada.validation import (
+    MAX_DEPTH,
+    MAX_INTEGER,
+    MAX_STRING_LENGTH,
+    OPERATORS,
+    SIGNAL_NAMES,
+    ControllerError,
+    FiresFn,
+    _describe,
+    _integer,
+    _is_bool,
+    _number,
+    _object,
+    _parse_int,
+    _plain_json,
+    _shown,
+    _string,
+)
 
 __all__ = [
     "CONTROLLER_FORMAT",
@@ -35,26 +54,23 @@ __all__ = [
     "DEFAULT_SIGNALS",
     "MAX_CONTROLLER_BYTES",
     "MAX_DEPTH",
+    "MAX_INTEGER",
     "MAX_STRING_LENGTH",
     "OPERATORS",
+    "POLICY_KINDS",
     "SIGNAL_NAMES",
     "Controller",
     "ControllerError",
     "Session",
+    "knot_transform",
     "make_controller_dict",
+    "validate_controller_dict",
+    "validate_policy",
 ]
 
 CONTROLLER_FORMAT = "rift-ada.controller"
 CONTROLLER_VERSION = 1
-SIGNAL_NAMES: tuple[str, ...] = ("acceptance", "entropy", "query_drift", "acceptance_drop", "entropy_rise")
-SIGNAL_INDEX: dict[str, int] = {name: index for index, name in enumerate(SIGNAL_NAMES)}
-OPERATORS: tuple[str, ...] = ("<=", "<", ">=", ">")
-POLICY_KINDS: tuple[str, ...] = ("periodic", "gate", "score")
-MAX_DEPTH = 32
-MAX_INTEGER = 2**53  # integer fields stay exact in JSON doubles and fit int64 arrays
 MAX_CONTROLLER_BYTES = 1 << 20  # a controller file larger than 1 MiB is refused before it is parsed
-MAX_STRING_LENGTH = 4096  # characters in any string (names, model ids, provenance values and keys)
-_MAX_INTEGER_DIGITS = 20  # longer integer literals are never parsed into ints (no 5,000-digit parses)
 
 DEFAULT_CACHE: dict[str, Any] = {
     "budget": 8192,
@@ -80,165 +96,6 @@ _TOP_REQUIRED = (
 )
 _TOP_OPTIONAL = ("calibration",)
 _NAN = float("nan")
-
-# A compiled policy: fires(signals, age) -> bool, signals indexed as SIGNAL_NAMES (NaN = missing).
-FiresFn = Callable[[list[float], int], bool]
-
-
-class ControllerError(ValueError):
-    """A controller file or dict is invalid; ``field`` names the offending field path (or the file)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"{field}: {problem}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation helpers. Each returns the normalised value (plain Python types) or raises.
-
-
-class _OversizeInteger:
-    """An integer literal too long to be a valid field (kept unparsed so the field can be named)."""
-
-    def __init__(self, text: str) -> None:
-        self.digits = len(text.lstrip("-"))
-
-    def problem(self) -> str:
-        return f"integer out of range ({self.digits} digits; |value| must be <= 2**53)"
-
-    def __repr__(self) -> str:
-        return f"<integer of {self.digits} digits>"
-
-
-def _shown(value: Any, limit: int = 80) -> str:
-    """``repr`` of a value for an error message, cut so that hostile input cannot flood it."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _parse_int(text: str) -> int | _OversizeInteger:
-    return _OversizeInteger(text) if len(text) > _MAX_INTEGER_DIGITS else int(text)
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, numbers.Real):
-        return "a number"
-    if isinstance(value, _OversizeInteger):
-        return f"an integer of {value.digits} digits"
-    return f"a {type(value).__name__}"
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
-
-
-def _number(value: Any, path: str) -> float:
-    if isinstance(value, _OversizeInteger):
-        raise ControllerError(path, value.problem())
-    if _is_bool(value) or not isinstance(value, numbers.Real):
-        raise ControllerError(path, f"expected a number, got {_describe(value)}")
-    try:
-        result = float(value)
-    except (OverflowError, ValueError, TypeError):
-        raise ControllerError(path, "number out of range") from None
-    if not math.isfinite(result):
-        raise ControllerError(path, f"must be a finite number, got {result!r}")
-    return result
-
-
-def _integer(value: Any, path: str, minimum: int | None = None) -> int:
-    if isinstance(value, _OversizeInteger):
-        raise ControllerError(path, value.problem())
-    if _is_bool(value) or not isinstance(value, numbers.Integral):
-        raise ControllerError(path, f"expected an integer, got {_describe(value)}")
-    result = int(value)
-    if abs(result) > MAX_INTEGER:
-        raise ControllerError(path, f"integer out of range (|value| must be <= 2**53, got {_describe(value)})")
-    if minimum is not None and result < minimum:
-        raise ControllerError(path, f"must be >= {minimum}, got {result}")
-    return result
-
-
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise ControllerError(path, f"expected a string, got {_describe(value)}")
-    if not value:
-        raise ControllerError(path, "must not be empty")
-    return _bounded(value, path)
-
-
-def _bounded(value: str, path: str) -> str:
-    if len(value) > MAX_STRING_LENGTH:
-        raise ControllerError(path, f"string of {len(value)} characters is longer than {MAX_STRING_LENGTH}")
-    return value
-
-
-def _object(value: Any, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping:
-    """Check that ``value`` is an object with exactly the required keys and some optional ones."""
-    if not isinstance(value, Mapping):
-        raise ControllerError(path or "controller", f"expected an object, got {_describe(value)}")
-    allowed = set(required) | set(optional)
-    for key in value:
-        if not isinstance(key, str):
-            raise ControllerError(path or "controller", f"keys must be strings, got {_shown(key)}")
-        if key not in allowed and len(key) > MAX_STRING_LENGTH:
-            raise ControllerError(path or "controller", f"unknown key {_shown(key)}")
-        if key not in allowed:
-            raise ControllerError(_join(path, key), f"unknown key (allowed: {', '.join(sorted(allowed))})")
-    for key in required:
-        if key not in value:
-            raise ControllerError(_join(path, key), "missing required field")
-    return value
-
-
-def _plain_json(value: Any, path: str, depth: int) -> Any:
-    """Copy of a free-form JSON value (calibration provenance): finite numbers, bounded nesting."""
-    if depth > MAX_DEPTH:
-        raise ControllerError(path, f"nesting deeper than {MAX_DEPTH} levels")
-    if value is None:
-        return value
-    if isinstance(value, str):
-        return _bounded(value, path)
-    if _is_bool(value):
-        return bool(value)
-    if isinstance(value, (numbers.Integral, _OversizeInteger)):
-        return _integer(value, path)
-    if isinstance(value, numbers.Real):
-        return _number(value, path)
-    if isinstance(value, Mapping):
-        result = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ControllerError(path, f"keys must be strings, got {_shown(key)}")
-            _bounded(key, path)
-            result[key] = _plain_json(item, _join(path, key), depth + 1)
-        return result
-    if isinstance(value, (list, tuple)):
-        return [_plain_json(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
-    raise ControllerError(path, f"not a JSON value: {_describe(value)}")
-
-
-def _signal(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise ControllerError(path, f"expected a signal name, got {_describe(value)}")
-    if value not in SIGNAL_INDEX:
-        raise ControllerError(path, f"unknown signal {_shown(value)} (known: {', '.join(SIGNAL_NAMES)})")
-    return value
 
 
 def _validate_cache(value: Any) -> dict[str, Any]:
@@ -284,114 +141,9 @@ def _validate_signals(value: Any) -> dict[str, Any]:
     return {"acceptance": {"ewma_alpha": alpha, "rounds": rounds}}
 
 
-def _validate_gate_node(node: Any, path: str, depth: int) -> dict[str, Any]:
-    if depth > MAX_DEPTH:
-        raise ControllerError(path, f"nesting deeper than {MAX_DEPTH} levels")
-    if not isinstance(node, Mapping):
-        raise ControllerError(path, f"expected a rule or an any/all group object, got {_describe(node)}")
-    groups = [key for key in ("any", "all") if key in node]
-    if len(groups) > 1:
-        raise ControllerError(path, "has both 'any' and 'all'; nest them instead")
-    if groups:
-        key = groups[0]
-        _object(node, path, (key,))
-        return {key: _validate_gate_children(node[key], _join(path, key), depth)}
-    _object(node, path, ("signal", "op", "value"))
-    op = node["op"]
-    if not isinstance(op, str) or op not in OPERATORS:
-        shown = op if isinstance(op, str) else _describe(op)
-        raise ControllerError(_join(path, "op"), f"unknown operator {_shown(shown)} (allowed: {' '.join(OPERATORS)})")
-    return {
-        "signal": _signal(node["signal"], _join(path, "signal")),
-        "op": op,
-        "value": _number(node["value"], _join(path, "value")),
-    }
-
-
-def _validate_gate_children(children: Any, path: str, depth: int) -> list[dict[str, Any]]:
-    if not isinstance(children, (list, tuple)):
-        raise ControllerError(path, f"expected a list of rules or groups, got {_describe(children)}")
-    if not children:
-        raise ControllerError(path, "must not be empty")
-    return [_validate_gate_node(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(children)]
-
-
-def _validate_knots(value: Any, path: str) -> list[list[float]]:
-    if not isinstance(value, (list, tuple)):
-        raise ControllerError(path, f"expected a list of [x, y] pairs, got {_describe(value)}")
-    if len(value) < 2:
-        raise ControllerError(path, "needs at least 2 knots")
-    knots: list[list[float]] = []
-    for index, pair in enumerate(value):
-        item_path = f"{path}[{index}]"
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ControllerError(item_path, "expected an [x, y] pair")
-        x = _number(pair[0], f"{item_path}[0]")
-        y = _number(pair[1], f"{item_path}[1]")
-        if knots and x <= knots[-1][0]:
-            raise ControllerError(f"{item_path}[0]", "knot x values must be strictly increasing")
-        if knots and y < knots[-1][1]:
-            raise ControllerError(f"{item_path}[1]", "knot y values must be non-decreasing (monotone)")
-        knots.append([x, y])
-    return knots
-
-
-def _validate_score_term(term: Any, path: str) -> dict[str, Any]:
-    obj = _object(term, path, ("signal", "orientation", "mean", "scale", "weight"), ("knots",))
-    orientation = obj["orientation"]
-    if _is_bool(orientation) or not isinstance(orientation, numbers.Real) or orientation not in (1, -1):
-        raise ControllerError(_join(path, "orientation"), "must be +1 or -1")
-    scale = _number(obj["scale"], _join(path, "scale"))
-    if scale <= 0.0:
-        raise ControllerError(_join(path, "scale"), f"must be > 0, got {scale}")
-    weight = _number(obj["weight"], _join(path, "weight"))
-    if weight < 0.0:
-        raise ControllerError(_join(path, "weight"), f"must be >= 0, got {weight}")
-    result: dict[str, Any] = {
-        "signal": _signal(obj["signal"], _join(path, "signal")),
-        "orientation": int(orientation),
-        "mean": _number(obj["mean"], _join(path, "mean")),
-        "scale": scale,
-        "weight": weight,
-    }
-    if "knots" in obj:
-        result["knots"] = _validate_knots(obj["knots"], _join(path, "knots"))
-    return result
-
-
 def validate_policy(value: Any) -> dict[str, Any]:
     """Validate a ``policy`` object (field paths start with ``policy``); returns a normalised copy."""
-    path = "policy"
-    if not isinstance(value, Mapping):
-        raise ControllerError(path, f"expected an object, got {_describe(value)}")
-    if "kind" not in value:
-        raise ControllerError("policy.kind", "missing required field")
-    kind = value["kind"]
-    if not isinstance(kind, str) or kind not in POLICY_KINDS:
-        raise ControllerError("policy.kind", f"unknown policy kind {_shown(kind)} (known: {', '.join(POLICY_KINDS)})")
-    if kind == "periodic":
-        obj = _object(value, path, ("kind", "interval"))
-        return {"kind": kind, "interval": _integer(obj["interval"], "policy.interval", 1)}
-    if kind == "gate":
-        groups = [key for key in ("any", "all") if key in value]
-        if not groups:
-            raise ControllerError("policy.any", "a gate policy needs 'any' or 'all'")
-        if len(groups) > 1:
-            raise ControllerError(path, "has both 'any' and 'all'; nest them instead")
-        key = groups[0]
-        _object(value, path, ("kind", key))
-        return {"kind": kind, key: _validate_gate_children(value[key], f"policy.{key}", 1)}
-    obj = _object(value, path, ("kind", "terms", "threshold"))
-    terms = obj["terms"]
-    if not isinstance(terms, (list, tuple)):
-        raise ControllerError("policy.terms", f"expected a list of terms, got {_describe(terms)}")
-    if not terms:
-        raise ControllerError("policy.terms", "must not be empty")
-    return {
-        "kind": kind,
-        "terms": [_validate_score_term(term, f"policy.terms[{i}]") for i, term in enumerate(terms)],
-        "threshold": _number(obj["threshold"], "policy.threshold"),
-    }
+    return policy_kinds.from_json(value).to_json()
 
 
 def validate_controller_dict(data: Any) -> dict[str, Any]:
@@ -427,115 +179,6 @@ def validate_controller_dict(data: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Policy compilation: closures over a signal list, built once at load time.
-
-
-def knot_transform(knots: Sequence[Sequence[float]]) -> Callable[[float], float]:
-    """Monotone piecewise-linear map through ``knots``; constant (clamped) outside the first/last knot.
-
-    Inside segment i (xs[i] <= z < xs[i+1]) the value is ``ys[i] + slopes[i] * (z - xs[i])`` with
-    ``slopes[i] = (ys[i+1] - ys[i]) / (xs[i+1] - xs[i])``; replay evaluates the same expression.
-    """
-    xs = [float(x) for x, _ in knots]
-    ys = [float(y) for _, y in knots]
-    slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)]
-    x_first, x_last, y_first, y_last = xs[0], xs[-1], ys[0], ys[-1]
-
-    def transform(z: float) -> float:
-        if z <= x_first:
-            return y_first
-        if z >= x_last:
-            return y_last
-        if z != z:
-            return z
-        i = bisect_right(xs, z) - 1
-        return ys[i] + slopes[i] * (z - xs[i])
-
-    return transform
-
-
-def _compile_rule(node: Mapping[str, Any]) -> FiresFn:
-    i = SIGNAL_INDEX[node["signal"]]
-    v = node["value"]
-    op = node["op"]
-    if op == "<=":
-        return lambda s, age: s[i] <= v
-    if op == "<":
-        return lambda s, age: s[i] < v
-    if op == ">=":
-        return lambda s, age: s[i] >= v
-    return lambda s, age: s[i] > v
-
-
-def _compile_gate_node(node: Mapping[str, Any]) -> FiresFn:
-    if "any" in node or "all" in node:
-        is_any = "any" in node
-        children = [_compile_gate_node(child) for child in node["any" if is_any else "all"]]
-        if len(children) == 1:
-            return children[0]
-        if len(children) == 2:
-            first, second = children
-            if is_any:
-                return lambda s, age: first(s, age) or second(s, age)
-            return lambda s, age: first(s, age) and second(s, age)
-        if is_any:
-            return lambda s, age: any(child(s, age) for child in children)
-        return lambda s, age: all(child(s, age) for child in children)
-    return _compile_rule(node)
-
-
-def _compile_score(policy: Mapping[str, Any]) -> FiresFn:
-    terms = []
-    for term in policy["terms"]:
-        factor = term["orientation"] / term["scale"]
-        transform = knot_transform(term["knots"]) if "knots" in term else None
-        terms.append((SIGNAL_INDEX[term["signal"]], term["mean"], factor, term["weight"], transform))
-    threshold = policy["threshold"]
-
-    def fires(s: list[float], age: int) -> bool:
-        total = 0.0
-        for index, mean, factor, weight, transform in terms:
-            value = s[index]
-            if value != value:  # missing signal: the term contributes 0
-                continue
-            z = (value - mean) * factor
-            if transform is not None:
-                z = transform(z)
-            total += weight * z
-        return total >= threshold
-
-    return fires
-
-
-def compile_policy(policy: Mapping[str, Any]) -> FiresFn:
-    """Compile a validated policy object into ``fires(signals, age) -> bool``."""
-    kind = policy["kind"]
-    if kind == "periodic":
-        interval = policy["interval"]
-        return lambda s, age: age >= interval
-    if kind == "gate":
-        return _compile_gate_node({key: policy[key] for key in ("any", "all") if key in policy})
-    return _compile_score(policy)
-
-
-def policy_signals(policy: Mapping[str, Any]) -> frozenset[str]:
-    """Names of the signals a validated policy reads."""
-    if policy["kind"] == "periodic":
-        return frozenset()
-    if policy["kind"] == "score":
-        return frozenset(term["signal"] for term in policy["terms"])
-    found: set[str] = set()
-    stack = [policy]
-    while stack:
-        node = stack.pop()
-        if "signal" in node:
-            found.add(node["signal"])
-        for key in ("any", "all"):
-            stack.extend(node.get(key, ()))
-    return frozenset(found)
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 class Controller:
@@ -555,9 +198,10 @@ class Controller:
         acceptance = data["signals"]["acceptance"]
         self.ewma_alpha: float = acceptance["ewma_alpha"]
         self.acceptance_rounds: int = acceptance["rounds"]
-        self.policy_kind: str = data["policy"]["kind"]
-        self.signals_used: frozenset[str] = policy_signals(data["policy"])
-        self._fires: FiresFn = compile_policy(data["policy"])
+        kind = policy_kinds.from_json(data["policy"])
+        self.policy_kind: str = kind.kind
+        self.signals_used: frozenset[str] = kind.signals()
+        self._fires: FiresFn = kind.compile()
 
     @classmethod
     def from_dict(cls, data: Any) -> Controller:

@@ -6,6 +6,7 @@ a layer (policies/score.py once imported calibrate/grids for its walks) fails he
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +49,45 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert [(line, module) for line, module in _imports(source)] == [(2, "rift_ada.calibrate.grids")]
     assert _layer_of("rift_ada.calibrate.grids") > LAYERS["policies"]
     assert _layer_of("rift_ada.controller") == 0 and _layer_of("numpy") is None
+
+
+def _module_file(module: str) -> Path | None:
+    """Source of a rift_ada module of the runtime folder (rift_ada/...), None for other layers."""
+    parts = module.split(".")
+    if parts[0] != "rift_ada" or (len(parts) > 1 and parts[1] in LAYERS):
+        return None
+    base = ROOT.joinpath("rift_ada", *parts[1:])
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def _non_stdlib_imports(start: list[Path]) -> list[str]:
+    """Imports outside the standard library reached from ``start`` through rift_ada runtime modules."""
+    seen: set[Path] = set()
+    todo = list(start)
+    found = []
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for line, module in _imports(path):
+            if module.split(".")[0] in sys.stdlib_module_names or module == "__future__":
+                continue
+            source = _module_file(module)
+            if source is not None and source.is_file():
+                todo.append(source)
+            else:
+                shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                found.append(f"{shown}:{line} imports {module}")
+    return found
+
+
+def test_controller_and_policy_kinds_import_only_the_standard_library(tmp_path):
+    """The Controller and the policy kinds it dispatches to stay importable without numpy or torch
+    (lazy imports inside functions included), and the scan sees a numpy import where there is one."""
+    kinds = sorted((ROOT / "rift_ada" / "policy_kinds").glob("*.py"))
+    assert {p.stem for p in kinds} >= {"__init__", "base", "periodic", "gate", "score"}
+    assert _non_stdlib_imports([ROOT / "rift_ada" / "controller.py", *kinds]) == []
+    planted = tmp_path / "kind.py"
+    planted.write_text("from rift_ada.policy_kinds import base\n\ndef f():\n    import numpy\n", encoding="utf-8")
+    assert _non_stdlib_imports([planted]) == ["kind.py:4 imports numpy"]

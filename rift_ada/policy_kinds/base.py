@@ -1,0 +1,38 @@
+"""The base of a policy kind: its parameters as a frozen dataclass, read from and written to JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from rift_ada.validation import FiresFn
+
+__all__ = ["PolicyKind"]
+
+
+class PolicyKind:
+    """One kind of controller ``policy`` object (``{"kind": ..., ...}``); subclasses are frozen dataclasses.
+
+    ``from_json`` is the validator (it raises :class:`~rift_ada.validation.ControllerError` naming the
+    field path under ``path``) and the constructor of record: build kinds from JSON, or from values
+    it would accept.
+    """
+
+    kind: ClassVar[str] = ""
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any], path: str = "policy") -> Self:
+        """The kind's parameters from a ``policy`` object whose ``kind`` is this kind."""
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        """The normalised ``policy`` object (``kind`` first; plain JSON types)."""
+        raise NotImplementedError
+
+    def signals(self) -> frozenset[str]:
+        """Names of the signals the policy reads."""
+        raise NotImplementedError
+
+    def compile(self) -> FiresFn:
+        """The scalar decision ``fires(signals, age) -> bool`` (signals indexed as ``SIGNAL_NAMES``)."""
+        raise NotImplementedError
