@@ -1,7 +1,7 @@
 """Collection throughput: a probe of all arms vs one closed-loop policy run, on the same request.
 
     .venv/bin/python benchmarks/bench_collect.py            # SmolLM2-135M, 1 embedded prompt (~1K ISL), 128 tokens
-    .venv/bin/python benchmarks/bench_collect.py --quick    # 32 output tokens, 2 repeats
+    .venv/bin/python benchmarks/bench_collect.py --quick    # a tiny random llama, 32 output tokens, 2 repeats (a test)
     .venv/bin/python benchmarks/bench_collect.py --requests 2 --osl 256 --repeats 5
 
 For each request the target response is generated once, greedily, with a plain full-KV cache
@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ def _median(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="smollm2-135m")
+    parser.add_argument("--preset", default=None, help="preset or local model directory (default: smollm2-135m)")
     parser.add_argument("--dataset", default="embedded:small")
     parser.add_argument("--isl", type=int, default=1024, help="take requests of this ISL bucket (0: any)")
     parser.add_argument("--requests", type=int, default=1)
@@ -71,11 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arm-ages", default=None, help="probe arm ages, comma separated (default: DEFAULT_ARM_AGES)")
-    parser.add_argument("--quick", action="store_true", help="32 output tokens, 2 repeats")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny random llama (unless --preset), 32 output tokens, 2 repeats"
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.osl, args.repeats = 32, 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny
+
+    with model_or_tiny(args.preset or (None if args.quick else "smollm2-135m")) as args.preset:
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -93,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
     arm_ages = tuple(int(x) for x in args.arm_ages.split(",")) if args.arm_ages else DEFAULT_ARM_AGES
     from rift_ada.collectors.targets import generate_response
-    from rift_ada.models import PRESETS, load_model
+    from rift_ada.models import load_model, resolve_preset
     from rift_ada.speculative import _forward, speculative_generate
 
-    model, tokenizer = load_model(PRESETS[args.preset].draft)
+    model, tokenizer = load_model(resolve_preset(args.preset).draft)
     model.eval()
     requests = load_dataset(args.dataset, tokenizer)
     if args.isl:

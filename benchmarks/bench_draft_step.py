@@ -1,7 +1,7 @@
 """Draft decode step at a long context: budgeted cache vs full cache, and the cost of one refresh.
 
     .venv/bin/python benchmarks/bench_draft_step.py            # SmolLM2-135M, 4,096-token context, B = 256
-    .venv/bin/python benchmarks/bench_draft_step.py --quick    # 1,024-token context, fewer repeats
+    .venv/bin/python benchmarks/bench_draft_step.py --quick    # a tiny random llama, 1,024-token context (a test)
     .venv/bin/python benchmarks/bench_draft_step.py --profile  # also: torch.profiler top ops per variant
 
 One draft step = one forward of one token (`rift_ada.speculative._forward`, as in the draft loop)
@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,7 +133,7 @@ def _iqr(values: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="smollm2-135m")
+    parser.add_argument("--preset", default=None, help="preset or local model directory (default: smollm2-135m)")
     parser.add_argument("--context", type=int, default=4096, help="prefilled context length (tokens)")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians are over all samples)")
@@ -149,13 +150,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default=None, help="model dtype (float32 default on CPU, bfloat16, float16)")
-    parser.add_argument("--quick", action="store_true", help="1,024-token context, 3 rounds x 8 steps, 2 refreshes")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random llama (unless --preset), 1,024-token context, 3 rounds x 8 steps, 2 refreshes",
+    )
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables per variant")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.context, args.rounds, args.steps, args.refreshes = 1024, 3, 8, 2
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny
+
+    with model_or_tiny(args.preset or (None if args.quick else "smollm2-135m")) as args.preset:
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -166,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from rift_ada.budget import make_policy
     from rift_ada.cache import make_draft_cache
-    from rift_ada.models import PRESETS, load_model
+    from rift_ada.models import load_model, resolve_preset
 
     start = time.perf_counter()
-    model, tokenizer = load_model(PRESETS[args.preset].draft, dtype=args.dtype)
+    model, tokenizer = load_model(resolve_preset(args.preset).draft, dtype=args.dtype)
     model.eval()
     load_s = time.perf_counter() - start
     tokens = context_tokens(tokenizer, args.context)

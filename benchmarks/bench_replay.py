@@ -1,7 +1,7 @@
 """Replay throughput (policy evaluations per second) and Controller.decide latency.
 
     .venv/bin/python benchmarks/bench_replay.py            # 100 requests x 4096 positions x 9 arms
-    .venv/bin/python benchmarks/bench_replay.py --quick    # smaller, for a smoke run
+    .venv/bin/python benchmarks/bench_replay.py --quick    # 10 x 512, a tiny llama's draft step (a test)
     .venv/bin/python benchmarks/bench_replay.py --temperature 1 --replicas 1 4   # T > 0: study vs confirmation
 
 Single-policy replay steps all requests in lockstep; ``replay_many`` adds one lane per policy, so a
@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,15 +104,15 @@ def time_decide(controller: Controller, calls: int, seed: int = 0) -> dict[str, 
     }
 
 
-def draft_step_ms(context: int, repeats: int = 15) -> float:
-    """Median time of one budgeted SmolLM2-135M draft step at ``context`` tokens (same machine)."""
+def draft_step_ms(context: int, repeats: int = 15, model_name: str = "smollm2-135m") -> float:
+    """Median time of one budgeted draft step (SmolLM2-135M by default) at ``context`` tokens (same machine)."""
     import torch
 
     from rift_ada.budget import make_policy
     from rift_ada.cache import make_draft_cache
-    from rift_ada.models import PRESETS, load_model
+    from rift_ada.models import load_model, resolve_preset
 
-    model, _ = load_model(PRESETS["smollm2-135m"].draft)
+    model, _ = load_model(resolve_preset(model_name).draft)
     cache = make_draft_cache(model, make_policy("rift-stat", budget=256))
     tokens = torch.arange(100, 100 + context)[None] % model.config.vocab_size
     times = []
@@ -144,12 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         help="sampling replicas timed at T > 0, one table each (the study uses 1, the confirmation the default)",
     )
     parser.add_argument("--decide-calls", type=int, default=50_000)
-    parser.add_argument("--quick", action="store_true", help="20 requests x 1024 positions, 2 repeats")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="10 requests x 512 positions, 2 repeats; the draft step of a tiny random llama (unless --model)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="the draft step's preset or model directory (default: smollm2-135m)"
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--context", type=int, default=1024, help="context of the SmolLM2 draft step compared")
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.positions, args.repeats, args.decide_calls = 20, 1024, 2, 5_000
+        args.requests, args.positions, args.repeats, args.decide_calls = 10, 512, 2, 2_000
 
     figures: dict[str, Any] = {
         "requests": args.requests,
@@ -198,10 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{decide['decide_at_decisions_median_us']:.2f} µs at decisions; "
         f"record_round (11 entropies) {decide['record_round_median_us']:.2f} µs"
     )
-    step_ms = draft_step_ms(args.context)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny
+
+    with model_or_tiny(args.model or (None if args.quick else "smollm2-135m")) as model:
+        step_ms = draft_step_ms(args.context, model_name=model)
     figures["draft_step_ms"] = step_ms
     print(
-        f"SmolLM2-135M budgeted draft step (B = 256, {args.context}-token context): {step_ms:.1f} ms; "
+        f"{model} budgeted draft step (B = 256, {args.context}-token context): {step_ms:.1f} ms; "
         f"decide / draft step = {decide['decide_median_us'] / (1000 * step_ms):.2e}"
     )
     if args.json:

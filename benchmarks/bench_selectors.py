@@ -1,7 +1,7 @@
 """Scoring time of one refresh per selector, relative to SnapKV (SmolLM2-135M, all 30 layers).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_selectors.py            # 2,048-token context
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_selectors.py --quick    # 512 tokens, 3 repeats
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_selectors.py --quick    # tiny random llama, 512 tokens (a test)
 
 One prefill per scorer with a RIFT-stat cache (B = 256, rho = 0.5); then, per repeat, ``--new``
 new tokens (different ones each repeat, at the same positions: the cache is rolled back first)
@@ -18,12 +18,13 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from rift_ada.budget import make_policy
 from rift_ada.cache import make_draft_cache
-from rift_ada.models import PRESETS, load_model
+from rift_ada.models import load_model, resolve_preset
 from rift_ada.scorers.registry import SCORER_NAMES
 
 
@@ -33,13 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--new", type=int, default=16, help="tokens fed between refreshes (untimed)")
-    parser.add_argument("--quick", action="store_true", help="512-token context, 3 repeats")
+    parser.add_argument("--model", default=None, help="preset or local model directory (default: smollm2-135m)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny random llama (unless --model), 512-token context, 3 repeats"
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.context, args.repeats = 512, 3
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny
+
+    with model_or_tiny(args.model or (None if args.quick else "smollm2-135m")) as args.model:
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
-    model, _ = load_model(PRESETS["smollm2-135m"].draft)
+    model, _ = load_model(resolve_preset(args.model).draft)
     tokens = (torch.arange(100, 100 + args.context)[None] * 7919) % model.config.vocab_size
     caches, states = {}, {}
     new_positions = torch.arange(args.context, args.context + args.new)[None]
@@ -61,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: 1000 * statistics.median(values) for name, values in times.items()}
     base = medians["snapkv"]
     print(
-        f"SmolLM2-135M, {args.context}-token context, B = {args.budget}, one refresh (30 layers) after "
+        f"{args.model}, {args.context}-token context, B = {args.budget}, one refresh "
+        f"({model.config.num_hidden_layers} layers) after "
         f"{args.new} new tokens, median of {args.repeats}, 1 thread"
     )
     print(f"{'scorer':<20} {'ms / refresh':>12} {'x SnapKV':>9}")

@@ -3,6 +3,7 @@
     git show a53ea1a:collectors/probe.py > /tmp/probe_before.py
     .venv/bin/python benchmarks/compare_probe.py --before /tmp/probe_before.py                 # 1 x 256 tokens
     .venv/bin/python benchmarks/compare_probe.py --before /tmp/probe_before.py --osl 128 512   # several lengths
+    .venv/bin/python benchmarks/compare_probe.py --quick    # the current probe against itself, tiny llama (a test)
 
 SmolLM2-135M, embedded prompts of the 1K ISL bucket, each with its greedy response of ``--osl``
 tokens (EOS suppressed), generated once. Both versions probe the same request with the default
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import sys
@@ -64,9 +66,9 @@ def time_shares(job: object) -> dict[str, float]:
     return shares
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="an earlier collectors/probe.py")
+    parser.add_argument("--before", help="an earlier collectors/probe.py (--quick: the current one)")
     parser.add_argument("--osl", type=int, nargs="+", default=[256], help="response lengths (tokens)")
     parser.add_argument("--requests", type=int, default=1, help="prompts per response length")
     parser.add_argument("--budget", type=int, default=256)
@@ -76,26 +78,49 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also profile one probe of each: time in rescoring and in forwards"
     )
-    args = parser.parse_args()
+    parser.add_argument("--model", default=None, help="preset or local model directory (default: smollm2-135m)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny random llama (unless --model), 16 tokens, 2 repeats, B = 64"
+    )
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.osl, args.requests, args.repeats, args.budget = [16], 1, 2, 64
+        args.before = args.before or str(Path(__file__).resolve().parent.parent / "collectors" / "probe.py")
+    elif args.before is None:
+        parser.error("--before is required (an earlier collectors/probe.py)")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    from _quick import model_or_tiny
+
+    with model_or_tiny(args.model or (None if args.quick else "smollm2-135m")) as model:
+        rows = compare(args, model)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"model": model, "budget": args.budget, "tolerance": args.tolerance, "rows": rows}, handle,
+                      indent=2)  # fmt: skip
+    return 0 if all(row["difference"] <= args.tolerance for row in rows) else 1
+
+
+def compare(args: argparse.Namespace, model_name: str) -> list[dict[str, object]]:
+    """Per response length and request: both versions' best wall times and their results' largest difference."""
 
     from rift_ada.budget import make_policy
     from rift_ada.collectors import probe as current
     from rift_ada.collectors.datasets import encode_prompt, load_dataset
     from rift_ada.collectors.targets import generate_response
     from rift_ada.memory import cap_heap_growth
-    from rift_ada.models import PRESETS, load_model
+    from rift_ada.models import load_model, resolve_preset
 
     cap_heap_growth()
     before = load_module("probe_before", args.before)
-    model, tokenizer = load_model(PRESETS["smollm2-135m"].draft)
+    model, tokenizer = load_model(resolve_preset(model_name).draft)
     requests = [r for r in load_dataset("embedded:small", tokenizer) if r.isl_bucket == 1024][: args.requests]
     policy = make_policy("rift-stat", budget=args.budget)
     eos = getattr(tokenizer, "eos_token_id", None)
     load = os.getloadavg()[0]
-    print(f"SmolLM2-135M, B = {args.budget}, {torch.get_num_threads()} thread(s), load average {load:.1f} before")
-    agree = True
+    print(f"{model_name}, B = {args.budget}, {torch.get_num_threads()} thread(s), load average {load:.1f} before")
+    rows: list[dict[str, object]] = []
     with torch.no_grad():
         for osl in args.osl:
             for index, request in enumerate(requests):
@@ -113,7 +138,6 @@ def main() -> int:
                         results[name] = module.probe_request(model, prompt, response, policy=policy)
                         times[name].append(time.perf_counter() - start)
                 difference = largest_difference(results["before"], results["now"])
-                agree &= difference <= args.tolerance
                 shown = "identical" if difference == 0 else f"differ by at most {difference:.1e}"
                 best_before, best_now = min(times["before"]), min(times["now"])
                 print(
@@ -123,6 +147,13 @@ def main() -> int:
                     f"results {shown}{'' if difference <= args.tolerance else ' (OVER THE TOLERANCE)'}",
                     flush=True,
                 )
+                rows.append(
+                    {
+                        "request": request.request_id, "isl": len(prompt), "tokens": len(response),
+                        "arms": len(results["now"].arms), "before_s": best_before, "now_s": best_now,
+                        "difference": difference,
+                    }
+                )  # fmt: skip
                 if args.profile:
                     for name, module in (("before", before), ("now", current)):
                         shares = time_shares(
@@ -137,7 +168,7 @@ def main() -> int:
                             f"({shares['forwards'] / total:.0%})",
                             flush=True,
                         )
-    return 0 if agree else 1
+    return rows
 
 
 if __name__ == "__main__":

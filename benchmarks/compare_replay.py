@@ -3,6 +3,7 @@
     git show c98ee1e:policies/replay.py > /tmp/replay_before.py
     .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py            # 100 x 4096
     .venv/bin/python benchmarks/compare_replay.py --before /tmp/replay_before.py --quick    # 20 x 1024
+    .venv/bin/python benchmarks/compare_replay.py --quick    # the current replay against itself (a test)
 
 A replay that uses the signal engine (``policies/signals.py``, from 195edf9 on) is compared with
 its own engine: ``git show REV:policies/signals.py > /tmp/signals_before.py`` and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import json
 import sys
 import time
 from pathlib import Path
@@ -56,22 +58,27 @@ def load_before(path: str, signals_path: str | None = None) -> object:
         sys.modules[engine_name] = current_engine
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="an earlier policies/replay.py")
+    parser.add_argument("--before", help="an earlier policies/replay.py (--quick: the current one)")
     parser.add_argument("--before-signals", help="the earlier policies/signals.py that --before imports")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--positions", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="20 requests x 1024 positions")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--replicas", type=int, default=None, help="sampling replicas now at T > 0 (default 4)")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument(
         "--rounds", action="store_true", help="also print the rounds each version walks (slowest lane, all lanes)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.positions = 20, 1024
+        args.before = args.before or str(Path(__file__).resolve().parent.parent / "policies" / "replay.py")
+    elif args.before is None:
+        parser.error("--before is required (an earlier policies/replay.py)")
+    rows = []
     before = load_before(args.before, args.before_signals)
     # An earlier replay that samples replicas at T > 0 runs with the same count as now.
     takes_replicas = "replicas" in inspect.signature(before.replay_many).parameters
@@ -106,6 +113,11 @@ def main() -> int:
                 f"now/before {rate_now / rate_before:5.2f}",
                 flush=True,
             )
+            rows.append({"temperature": temperature, "family": family, "before_eval_per_s": rate_before,
+                         "now_eval_per_s": rate_now})  # fmt: skip
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"requests": args.requests, "positions": args.positions, "rows": rows}, handle, indent=2)
     return 0
 
 

@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _quick import tiny_model  # noqa: E402
+
 CLI = [sys.executable, "-m", "rift_ada.cli.app"]
 STAGES = ("targets", "collect", "calibrate", "bench", "train", "train-eval")
 PROMPTS = [
@@ -298,24 +301,6 @@ class Stage:
     name: str
     command: Callable[[Path], list[str]]
     compare: Callable[[Path, Path], list[str]]
-
-
-def tiny_model(folder: Path) -> Path:
-    """A 2-layer random llama with the embedded SmolLM2 tokenizer, saved as a local model directory."""
-    import torch
-    import transformers
-
-    from rift_ada.models import PRESETS, load_tokenizer
-
-    tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 TRAIN = ["--dataset", "embedded", "--n-requests", "6", "--isl-buckets", "256", "--rollout-tokens", "16",

@@ -1,6 +1,7 @@
 """T > 0 fidelity of replay for every policy of a fidelity run, paired on the target's texts.
 
     .venv/bin/python benchmarks/fidelity_forced.py runs/fid6-t1c --seeds 0,1,2,3   # a fidelity.py --temp 1 run
+    .venv/bin/python benchmarks/fidelity_forced.py --quick   # on a fresh `fidelity.py --quick --temp 1` run (a test)
 
 A free-running loop commits its own text, so the fidelity run's T > 0 row compares replay on
 one target text with one loop path on another text: the text-to-text spread (about 9 % per path at
@@ -49,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.policy_spec import periodic_label
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="output directory of benchmarks/fidelity.py --temp > 0")
+    parser.add_argument(
+        "run", type=Path, nargs="?", help="output directory of benchmarks/fidelity.py --temp > 0 (--quick: a new one)"
+    )
     parser.add_argument("--seeds", default="0,1,2,3", help="collection seeds of the teacher-forced loop")
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -57,7 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arm-ages", default="", help="replay only these probed age arms (comma separated; default: all of them)"
     )
+    parser.add_argument("--model", default=None, help="--quick without a run: the model of its fidelity run")
+    parser.add_argument("--json", type=Path, help="also write the figures (as in RUN/forced.json) to this file")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seeds 0,1, 4 replicas, free-running seed 0; without a run, first a `fidelity.py --quick --temp 1` run",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.replicas, args.free_seeds = "0,1", 4, "0"
+        if args.run is None:
+            sys.path.insert(0, str(Path(__file__).parent))
+            import fidelity
+            from _quick import model_or_tiny, out_or_temporary
+
+            with model_or_tiny(args.model) as model, out_or_temporary(None) as folder:
+                run = folder / "fidelity-T1"  # the run records its model: it must outlive the run's reopening
+                fidelity.main(["--quick", "--temp", "1", "--out", str(run), "--model", model])
+                return main([str(run), *(argv if argv is not None else sys.argv[1:])])
+    elif args.run is None:
+        parser.error("the run directory is required")
     seeds = [int(x) for x in args.seeds.split(",")]
     free_seeds = [int(x) for x in args.free_seeds.split(",") if x]
     case, record, setup = reopen_fidelity(args.run)
@@ -126,21 +149,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['pair']:<26} {row['mode']:<15} {row['seeds']:>5} {row['mean_difference']:>+10.3f} "
                 f"{row['sd']:>7.3f} {row['ci_half_width']:>14.3f}"
             )
-    atomic_write_json(
-        args.run / ("forced-arms-" + "-".join(map(str, arm_ages)) + ".json" if arm_ages else "forced.json"),
-        json_safe(
-            {
-                "case": case.__dict__,
-                "model": record["model"],
-                "seeds": seeds,
-                "free_seeds": free_seeds,
-                "replicas": args.replicas,
-                "arms": list(traces.arms),
-                "rows": rows,
-                "pair_spreads": spreads,
-            }
-        ),
+    figures = json_safe(
+        {
+            "case": case.__dict__,
+            "model": record["model"],
+            "seeds": seeds,
+            "free_seeds": free_seeds,
+            "replicas": args.replicas,
+            "arms": list(traces.arms),
+            "rows": rows,
+            "pair_spreads": spreads,
+        }
     )
+    atomic_write_json(
+        args.run / ("forced-arms-" + "-".join(map(str, arm_ages)) + ".json" if arm_ages else "forced.json"), figures
+    )
+    if args.json:
+        atomic_write_json(args.json, figures)
     return 0
 
 

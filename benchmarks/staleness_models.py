@@ -11,6 +11,8 @@ the two findings: does SWA overtake SnapKV late in the output, and how much refr
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_models.py --requests 2 --tokens 128 \
         --out runs/staleness-models --results docs/results.md
 
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_models.py --quick    # tiny random llama (a test)
+
 ``--results`` rewrites the section between ``<!-- begin: staleness-models ... -->`` and
 ``<!-- end: staleness-models -->`` (appended if absent; the bench's page rewrite keeps it) and
 writes its plots next to the page.
@@ -306,7 +308,9 @@ def write_section(page: Path, section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    parser.add_argument(
+        "--models", default=None, help="presets or local model directories (default: smollm2-135m,gemma3-270m)"
+    )
     parser.add_argument("--requests", type=int, default=2)
     parser.add_argument("--isl", type=int, default=1024, help="embedded dataset ISL bucket")
     parser.add_argument("--tokens", type=int, default=128)
@@ -317,10 +321,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-length", type=int, default=11)
     parser.add_argument("--batch", type=int, default=None, help="rows decoded together (default: all)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/staleness-models"))
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/staleness-models (--quick: temporary)")
     parser.add_argument("--results", type=Path, default=None, help="markdown page to (re)write the section in")
     parser.add_argument("--from-json", action="store_true", help="render --out/<model>-T*.json without models")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random llama (unless --models), 1 request x 16 tokens, ISL 256, T = 0, one delta and rho",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.isl, args.tokens, args.temperatures, args.deltas, args.rhos = 1, 256, 16, "0", "8", "0.25"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny, out_or_temporary
+
+    default_models = None if args.quick and not args.from_json else "smollm2-135m,gemma3-270m"
+    default_out = None if args.quick else Path("runs/staleness-models")
+    with model_or_tiny(args.models or default_models) as models, out_or_temporary(args.out or default_out) as out:
+        args.models, args.out = models, out
+        return _main(args, argv)
+
+
+def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.deltas = [int(d) for d in args.deltas.split(",") if d]
     args.rhos = [float(r) for r in args.rhos.split(",") if r]
@@ -334,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout
-        settings = {k: v for k, v in vars(args).items() if k not in ("out", "results", "from_json", "models")}
+        settings = {k: v for k, v in vars(args).items() if k not in ("out", "results", "from_json", "models", "quick")}
         for model in models:
             started = time.time()
             command = " ".join(["benchmarks/staleness_models.py", *(argv or sys.argv[1:])])
@@ -344,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             data["settings"]["seconds"] = time.time() - started
             temperatures = "_".join(f"{t:g}" for t in args.temperatures)
-            atomic_write_json(args.out / f"{model}-T{temperatures}.json", data)
+            atomic_write_json(args.out / f"{Path(model).name}-T{temperatures}.json", data)
     data = {"settings": None, "models": [], "runs": []}
     for model in models:  # every file of the model (temperatures may have run as separate processes)
-        files = [json.loads(path.read_text()) for path in sorted(args.out.glob(f"{model}-T*.json"))]
+        files = [json.loads(path.read_text()) for path in sorted(args.out.glob(f"{Path(model).name}-T*.json"))]
         if not files:
             print(f"{args.out}: no {model}-T*.json: left out of the section", file=sys.stderr)
             continue

@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/table2_selectors.py \\
         --out runs/table2 --results docs/results.md
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/table2_selectors.py --quick    # tiny random llama, B = 96 (a test)
 
 For each temperature, budget and scorer (SnapKV, Expected Attention, CriticalKV, CurDKV,
 TriAttention) the closed draft/verify loop runs two cache policies on the same requests and
@@ -180,8 +181,8 @@ def write_section(page: Path, section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--out", type=Path, default=Path("runs/table2"))
+    parser.add_argument("--model", default=None, help="preset or local model directory (default: smollm2-135m)")
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/table2 (--quick: a temporary folder)")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--output-tokens", type=int, default=96)
     parser.add_argument("--min-isl", type=int, default=900)
@@ -195,7 +196,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, help="rewrite this page's selectors section (e.g. docs/results.md)")
     parser.add_argument("--render-only", action="store_true", help="no runs: the section from --out's table2.json")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random llama (unless --model), 2 requests x 8 tokens, B = 96, T = 0, every scorer, 199 resamples",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.output_tokens, args.min_isl, args.budgets = 2, 8, 0, [96]
+        args.temperatures, args.resamples, args.batch_size = [0.0], 199, 4
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _quick import model_or_tiny, out_or_temporary
+
+    default_model = None if args.quick and not args.render_only else "smollm2-135m"
+    default_out = None if args.quick else Path("runs/table2")
+    with model_or_tiny(args.model or default_model) as model, out_or_temporary(args.out or default_out) as out:
+        args.model, args.out = model, out
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result = json.loads((args.out / "table2.json").read_text(encoding="utf-8")) if args.render_only else run(args)
     section = markdown(result)
