@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     isls = [r.isl for r in requests]
     result: dict[str, Any] = {
         "command": "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/table2_selectors.py "
-        + " ".join(sys.argv[1:]),
+        + " ".join(args.argv),
         "model": args.model,
         "seed": args.seed,
         "requests": [r.request_id for r in requests],
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a tiny random llama (unless --model), 2 requests x 8 tokens, B = 96, T = 0, every scorer, 199 resamples",
     )
     args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])  # the command recorded in table2.json
     if args.quick:
         args.requests, args.output_tokens, args.min_isl, args.budgets = 2, 8, 0, [96]
         args.temperatures, args.resamples, args.batch_size = [0.0], 199, 4

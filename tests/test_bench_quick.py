@@ -28,16 +28,25 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_script(stem: str, argv: list[str]) -> int:
-    """``benchmarks/<stem>.py``'s ``main(argv)`` in this process (its exit code; None counts as 0)."""
+    """``benchmarks/<stem>.py``'s ``main(argv)`` in this process (its exit code; None counts as 0).
+
+    The scripts put benchmarks/ on ``sys.path`` and import each other by name: both are undone after.
+    """
+    path = list(sys.path)
     spec = importlib.util.spec_from_file_location(stem, BENCHMARKS / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[stem] = module  # dataclasses look their module up; sibling scripts import each other by name
+    sys.modules[stem] = module  # dataclasses look their module up
     try:
         spec.loader.exec_module(module)
         code = module.main(argv)
     except SystemExit as stop:
         code = stop.code
+    finally:
+        sys.path[:] = path
+        for name, loaded in list(sys.modules.items()):
+            if Path(getattr(loaded, "__file__", None) or "/").parent == BENCHMARKS:
+                del sys.modules[name]
     return int(code or 0)
 
 
@@ -183,7 +192,10 @@ def check_staleness(out: Path) -> None:
 def check_table2(out: Path) -> None:
     from rift_ada.scorers.registry import SCORER_NAMES
 
-    cells = read(out / "run" / "table2.json")["cells"]
+    figures = read(out / "run" / "table2.json")
+    assert figures["command"].endswith("table2_selectors.py --quick --model " + figures["model"] + f" --out {out}/run "
+                                       f"--results {out}/page.md")  # fmt: skip
+    cells = figures["cells"]
     assert [cell["scorer"] for cell in cells] == list(SCORER_NAMES)
     for cell in cells:
         assert cell["n_requests"] == 2 and 1 <= cell["baseline_al"] <= 12 and 1 <= cell["stat_al"] <= 12
