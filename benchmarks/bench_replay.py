@@ -23,16 +23,10 @@ import numpy as np
 
 from rift_ada import Controller
 from rift_ada.collectors.synthetic import synthetic_traces
-from rift_ada.policies import (
-    GatePolicy,
-    PeriodicPolicy,
-    ScorePolicy,
-    all_of,
-    any_of,
-    replay_many,
-    rule,
-)
+from rift_ada.controller import make_controller_dict
+from rift_ada.policies import ScorePolicy, replay_many
 from rift_ada.policies.replay import DEFAULT_REPLICAS, _tables, replay
+from rift_ada.policy_kinds import Gate, Group, Periodic, Rule
 
 IDENTITY = {"name": "bench", "draft": "synthetic", "target": "synthetic"}
 
@@ -41,17 +35,21 @@ def policies(temperature: float, fitted: ScorePolicy) -> dict[str, list[dict[str
     """Per family, a batch of 32 variants; the first (a representative setting) is timed alone too."""
     identity = {**IDENTITY, "temperature": temperature}
     intervals = [128] + [i for i in range(32, 800, 24) if i != 128][:31]
-    periodic = [PeriodicPolicy(interval).to_controller_dict(**identity) for interval in intervals]
+    periodic = [make_controller_dict(Periodic(interval).to_json(), **identity) for interval in intervals]
     settings = [(5.1, 1.7)] + [(a, e) for a in np.linspace(4.0, 7.0, 8) for e in (1.0, 1.3, 1.6, 1.9)][:31]
-    gate = [
-        GatePolicy(
-            any_of(
-                rule("acceptance", "<=", float(acceptance)),
-                all_of(rule("entropy", ">=", entropy), rule("query_drift", ">=", 0.02)),
+    gates = [
+        Gate(
+            Group(
+                "any",
+                (
+                    Rule("acceptance", "<=", float(acceptance)),
+                    Group("all", (Rule("entropy", ">=", float(entropy)), Rule("query_drift", ">=", 0.02))),
+                ),
             )
-        ).to_controller_dict(**identity)
+        )
         for acceptance, entropy in settings
     ]
+    gate = [make_controller_dict(policy.to_json(), **identity) for policy in gates]
     offsets = [0.0] + [float(x) for x in np.linspace(-0.5, 1.0, 31)]
     score = [ScorePolicy(fitted.terms, fitted.threshold + d).to_controller_dict(**identity) for d in offsets]
     return {"periodic": periodic, "gate": gate, "score": score}

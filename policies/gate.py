@@ -1,94 +1,148 @@
-"""Gate policies: nested any/all combinations of threshold rules on controller signals."""
+"""Gate policies (any/all trees of threshold rules): replay lanes, search-space suggestion and rendering.
+
+The tree itself, its validation and its scalar decision are the runtime kind
+:class:`rift_ada.policy_kinds.Gate`; every walk here is a :meth:`~rift_ada.policy_kinds.Group.fold`.
+"""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from rift_ada.controller import OPERATORS, SIGNAL_NAMES, ControllerError, validate_policy
-from rift_ada.policies.periodic import Policy
+import numpy as np
 
-__all__ = ["GatePolicy", "all_of", "any_of", "rule"]
+from rift_ada.policies.kind_tools import KindTools, LaneParams
+from rift_ada.policy_kinds import Gate, Rule
 
+if TYPE_CHECKING:
+    from rich.tree import Tree
 
-def rule(signal: str, op: str, value: float) -> dict[str, Any]:
-    """A threshold rule node, e.g. ``rule("acceptance", "<=", 5.1)``."""
-    if signal not in SIGNAL_NAMES:
-        raise ValueError(f"unknown signal {signal!r} (known: {', '.join(SIGNAL_NAMES)})")
-    if op not in OPERATORS:
-        raise ValueError(f"unknown operator {op!r} (allowed: {' '.join(OPERATORS)})")
-    return {"signal": signal, "op": op, "value": float(value)}
+    from rift_ada.policies.space import SearchSpace, TrialLike
 
+__all__ = ["SIGNAL_OPS", "GateLanes", "GateTools"]
 
-def any_of(*nodes: Mapping[str, Any]) -> dict[str, Any]:
-    """A group node that fires when any child fires."""
-    return {"any": [dict(node) for node in nodes]}
-
-
-def all_of(*nodes: Mapping[str, Any]) -> dict[str, Any]:
-    """A group node that fires when every child fires."""
-    return {"all": [dict(node) for node in nodes]}
+# The direction in which each signal means "stale": the operator of a searched rule on it.
+SIGNAL_OPS: dict[str, str] = {
+    "acceptance": "<=",
+    "entropy": ">=",
+    "query_drift": ">=",
+    "acceptance_drop": ">=",
+    "entropy_rise": ">=",
+}
+_UFUNCS = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater}
+Node = Callable[[Mapping[str, np.ndarray], slice], np.ndarray]
 
 
-def _rules(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    for key in ("any", "all"):
-        if key in node:
-            return [found for child in node[key] for found in _rules(child)]
-    return [dict(node)]
+def _combine(combine: str, children: list[Node]) -> Node:
+    ufunc = np.logical_or if combine == "any" else np.logical_and
+
+    def group(signals: Mapping[str, np.ndarray], sl: slice) -> np.ndarray:
+        result = children[0](signals, sl)
+        for child in children[1:]:
+            result = ufunc(result, child(signals, sl))
+        return result
+
+    return group
 
 
-def _replace_values(node: Mapping[str, Any], values: list[float]) -> dict[str, Any]:
-    for key in ("any", "all"):
-        if key in node:
-            return {key: [_replace_values(child, values) for child in node[key]]}
-    return {**node, "value": float(values.pop(0))}
+class GateLanes:
+    """One compiled tree for gates sharing a skeleton; each rule's threshold is a lane column."""
+
+    def __init__(self, policies: Sequence[Gate], lanes_per_policy: int) -> None:
+        self.params = LaneParams(lanes_per_policy)
+        thresholds = [[rule.value for rule in policy.root.rules()] for policy in policies]
+        columns = iter([self.params.add([row[j] for row in thresholds]) for j in range(len(thresholds[0]))])
+        values = self.params.values
+
+        def leaf(rule: Rule) -> Node:
+            name, ufunc, column = rule.signal, _UFUNCS[rule.op], next(columns)
+            return lambda signals, sl: ufunc(signals[name][sl], values[column])
+
+        self._root: Node = policies[0].root.fold(leaf, _combine)
+
+    def fires(self, signals: Mapping[str, np.ndarray], age: np.ndarray, lanes: slice) -> np.ndarray:
+        return self._root(signals, lanes)
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.params.keep(mask)
 
 
-@dataclasses.dataclass
-class GatePolicy(Policy):
-    """Fire when the rule tree holds. ``tree`` is ``{"any": [...]}`` or ``{"all": [...]}`` (a lone rule
-    is wrapped in ``any``); children are rules ``{"signal", "op", "value"}`` or nested groups.
-    A rule on a missing signal does not hold.
-    """
+def _threshold(space: SearchSpace, trial: TrialLike, name: str, signal: str) -> dict[str, Any]:
+    grid = space.grids[signal]
+    q = trial.suggest_int(name, 0, len(grid) - 1)
+    return {"signal": signal, "op": SIGNAL_OPS[signal], "value": float(grid[q])}
 
-    tree: dict[str, Any] = dataclasses.field(default_factory=lambda: any_of(rule("acceptance", "<=", 5.0)))
-    kind: ClassVar[str] = "gate"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.tree, Mapping):
-            raise ControllerError("policy", f"expected a gate tree object, got {type(self.tree).__name__}")
-        if "any" not in self.tree and "all" not in self.tree:
-            self.tree = any_of(self.tree)
-        self.to_policy_json()
+def _rendered(rule: Rule) -> Callable[[Tree], None]:
+    def add(parent: Tree) -> None:
+        from rich.text import Text
 
-    def to_policy_json(self) -> dict[str, Any]:
-        return validate_policy({"kind": "gate", **copy.deepcopy(self.tree)})
+        value = f"{rule.value:.6g}"
+        parent.add(Text.assemble((rule.signal, "cyan"), f" {rule.op} ", (value, "bold")))
 
-    @classmethod
-    def from_policy_json(cls, data: Mapping[str, Any]) -> GatePolicy:
-        policy = cls._validated(data)
-        return cls(tree={key: value for key, value in policy.items() if key != "kind"})
+    return add
 
-    @property
-    def rules(self) -> list[dict[str, Any]]:
-        """The rule nodes in depth-first order."""
-        return _rules(self.tree)
 
-    @property
-    def thresholds(self) -> list[float]:
-        """Rule thresholds in depth-first order (the numbers a calibration search tunes)."""
-        return [node["value"] for node in self.rules]
+def _rendered_group(combine: str, children: list[Callable[[Tree], None]]) -> Callable[[Tree], None]:
+    def add(parent: Tree) -> None:
+        from rich.text import Text
 
-    @property
-    def signals(self) -> list[str]:
-        """Distinct signals the tree reads, in first-use order."""
-        return list(dict.fromkeys(node["signal"] for node in self.rules))
+        branch = parent.add(Text(f"{combine.upper()} of", style="bold magenta"))
+        for child in children:
+            child(branch)
 
-    def with_thresholds(self, values: Sequence[float]) -> GatePolicy:
-        """Same tree with new thresholds (depth-first order)."""
-        values = [float(v) for v in values]
-        if len(values) != len(self.rules):
-            raise ValueError(f"expected {len(self.rules)} thresholds, got {len(values)}")
-        return GatePolicy(tree=_replace_values(self.tree, values))
+    return add
+
+
+class GateTools(KindTools):
+    kind = Gate
+    searched = True
+
+    @staticmethod
+    def skeleton(policy: Gate) -> tuple:
+        return ("gate", policy.root.fold(lambda r: ("rule", r.signal, r.op), lambda c, kids: (c, tuple(kids))))
+
+    @staticmethod
+    def lanes(policies: Sequence[Gate], lanes_per_policy: int) -> GateLanes:
+        return GateLanes(policies, lanes_per_policy)
+
+    @staticmethod
+    def render(policy: Gate, tree: Tree) -> None:
+        policy.root.fold(_rendered, _rendered_group)(tree)
+
+    @staticmethod
+    def searchable(space: SearchSpace) -> bool:
+        return bool(space.gate_signals or space.has_drift)
+
+    @staticmethod
+    def suggest(space: SearchSpace, trial: TrialLike) -> dict[str, Any]:
+        """Up to ``max_rules`` rules (``any`` or ``all``), then optionally a query-drift rule or-ed or and-ed."""
+        signals = space.gate_signals
+        rules: list[dict[str, Any]] = []
+        if signals:
+            n_rules = trial.suggest_int("gate_rules", 1, space.max_rules)
+            for i in range(n_rules):
+                signal = trial.suggest_categorical(f"gate_rule{i}_signal", list(signals))
+                rules.append(_threshold(space, trial, f"gate_rule{i}_{signal}_q", signal))
+        combine = trial.suggest_categorical("gate_combine", ["any", "all"]) if len(rules) > 1 else "any"
+        drift_mode = "none"
+        if space.has_drift:
+            drift_mode = trial.suggest_categorical("gate_drift", ["none", "or", "and"] if rules else ["or"])
+        core: dict[str, Any] | None
+        if not rules:
+            core = None
+        elif len(rules) == 1:
+            core = rules[0]
+        else:
+            core = {combine: rules}
+        if drift_mode == "none":
+            assert core is not None
+            top = rules if combine == "any" else [core]
+            return {"kind": "gate", "any": top}
+        drift = _threshold(space, trial, "gate_drift_q", "query_drift")
+        if core is None:
+            return {"kind": "gate", "any": [drift]}
+        if drift_mode == "or":
+            top = (rules if combine == "any" else [core]) + [drift]
+            return {"kind": "gate", "any": top}
+        return {"kind": "gate", "any": [{"all": [core, drift]}]}

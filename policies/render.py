@@ -8,7 +8,9 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 
+from rift_ada import policy_kinds
 from rift_ada.controller import Controller
+from rift_ada.policies.kinds import tools_of
 
 __all__ = ["render_controller", "render_policy"]
 
@@ -17,39 +19,12 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _gate_node(parent: Tree, node: Mapping[str, Any]) -> None:
-    for key in ("any", "all"):
-        if key in node:
-            branch = parent.add(Text(f"{key.upper()} of", style="bold magenta"))
-            for child in node[key]:
-                _gate_node(branch, child)
-            return
-    parent.add(Text.assemble((node["signal"], "cyan"), f" {node['op']} ", (_number(node["value"]), "bold")))
-
-
 def render_policy(policy: Mapping[str, Any], parent: Tree | None = None) -> Tree:
-    """Tree of a validated ``policy`` object (added under ``parent`` when given)."""
-    kind = policy["kind"]
-    label = Text.assemble(("policy: ", "bold"), (kind, "green"))
+    """Tree of a validated ``policy`` object (added under ``parent`` when given); the kind's tools add its rules."""
+    kind = policy_kinds.from_json(policy)
+    label = Text.assemble(("policy: ", "bold"), (kind.kind, "green"))
     tree = parent.add(label) if parent is not None else Tree(label)
-    if kind == "periodic":
-        tree.add(f"refresh when age >= {policy['interval']}")
-    elif kind == "gate":
-        _gate_node(tree, {key: policy[key] for key in ("any", "all") if key in policy})
-    else:
-        tree.add(Text.assemble("fires when score >= ", (_number(policy["threshold"]), "bold")))
-        terms = tree.add("score = Σ weight · g(orientation · (signal − mean) / scale)")
-        for term in policy["terms"]:
-            sign = "+" if term["orientation"] > 0 else "−"
-            text = Text.assemble(
-                (_number(term["weight"]), "bold"),
-                " · ",
-                ("g" if "knots" in term else "", ""),
-                f"({sign}({term['signal']} − {_number(term['mean'])}) / {_number(term['scale'])})",
-            )
-            node = terms.add(text)
-            if "knots" in term:
-                node.add("knots " + ", ".join(f"({_number(x)}, {_number(y)})" for x, y in term["knots"]))
+    tools_of(kind).render(kind, tree)
     return tree
 
 

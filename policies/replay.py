@@ -41,8 +41,9 @@ import numpy as np
 from rift_ada import policy_kinds
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, ProbeTraces, arm_age
 from rift_ada.controller import SIGNAL_NAMES, Controller, validate_controller_dict
-from rift_ada.policies.score import ScoreLanes
+from rift_ada.policies.kinds import tools_of
 from rift_ada.policies.signals import SignalEngine
+from rift_ada.policy_kinds import PolicyKind
 from rift_ada.policy_spec import parse
 
 __all__ = [
@@ -164,6 +165,10 @@ class _Plan:
     label: str
     arm_mode: str  # "age", "stat" or "full"
     controller: dict[str, Any] | None
+    kind: PolicyKind | None = field(init=False)  # the controller's policy as its kind object
+
+    def __post_init__(self) -> None:
+        self.kind = None if self.controller is None else policy_kinds.from_json(self.controller["policy"])
 
 
 def _plan(policy: PolicySpec) -> _Plan:
@@ -179,13 +184,10 @@ def _plan(policy: PolicySpec) -> _Plan:
     raise TypeError(f"policy must be a controller dict, a Controller or a name, got {type(policy).__name__}")
 
 
-def _oldest_age_needed(controller: dict[str, Any]) -> int:
+def _oldest_age_needed(plan: _Plan) -> int:
     """The oldest working-set age a controller can hold before its forced refresh."""
-    cap = int(controller["schedule"]["max_age"])
-    policy = controller["policy"]
-    if policy["kind"] == "periodic":
-        cap = min(cap, max(int(policy["interval"]), int(controller["schedule"]["min_age"])))
-    return cap
+    assert plan.controller is not None and plan.kind is not None
+    return tools_of(plan.kind).oldest_age(plan.kind, plan.controller["schedule"])
 
 
 def _check_age_range(traces: ProbeTraces, plan: _Plan) -> None:
@@ -196,7 +198,7 @@ def _check_age_range(traces: ProbeTraces, plan: _Plan) -> None:
     if len(grid) == 0:
         raise ValueError("traces have no age:N arms; only 'stat' and 'full' can be replayed")
     longest = int(np.max(traces.osl)) if traces.n_requests else 0
-    needed = min(_oldest_age_needed(plan.controller), max(longest - 1, 0))
+    needed = min(_oldest_age_needed(plan), max(longest - 1, 0))
     if needed > int(grid[-1]):
         raise ValueError(
             f"policy {plan.label!r} can reach working-set ages up to {needed} tokens, but the probe arms "
@@ -366,64 +368,14 @@ def _age_arms(tables: _Tables, arm_mode: str) -> _AgeArms:
 
 
 # ----------------------------------------------------------------------------------------------
-# Vectorised policy evaluation. Each evaluator gets the signal arrays of all lanes, the ages and
-# its lane slice, and returns the "policy fires" flags of its lanes.
-
-_UFUNCS = {"<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater}
-Node = Callable[[dict[str, np.ndarray], slice], np.ndarray]
+# Vectorised policy evaluation: each kind's lanes (rift_ada.policies.kinds) get the signal arrays
+# of all lanes, the ages and their lane slice, and return the "policy fires" flags of their lanes.
 
 
-class _LaneParams:
-    """Numbers of a run of lanes: a float shared by all lanes, or one value (row) per lane.
-
-    Evaluators read ``values[i]`` at call time, so dropping finished lanes (:meth:`keep`) is seen
-    by every closure built over this object.
-    """
-
-    def __init__(self, n_requests: int) -> None:
-        self.n_requests = n_requests
-        self.values: list[Any] = []
-
-    def add(self, per_policy: Sequence[Any]) -> int:
-        """Register one number (or row) per policy; returns its index in ``values``."""
-        first = per_policy[0]
-        if all(np.array_equal(v, first) for v in per_policy):
-            value = float(first) if np.ndim(first) == 0 else np.asarray(first, dtype=np.float64)[None, :]
-        else:
-            value = np.repeat(np.asarray(per_policy, dtype=np.float64), self.n_requests, axis=0)
-        self.values.append(value)
-        return len(self.values) - 1
-
-    def keep(self, mask: np.ndarray) -> None:
-        """Drop the lanes where ``mask`` is False (in place, for the closures)."""
-        self.values[:] = [v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for v in self.values]
-
-
-class _Evaluator:
-    """Policy-fires flags for a run of lanes whose policies share a skeleton."""
-
-    def __init__(
-        self, params: _LaneParams | ScoreLanes, fires: Callable[[dict[str, np.ndarray], np.ndarray, slice], Any]
-    ):
-        self.params = params
-        self.fires = fires
-
-
-def _skeleton(policy: dict[str, Any]) -> tuple:
-    """Structure of a policy without its numbers: policies sharing it evaluate together."""
-    kind = policy["kind"]
-    if kind == "periodic":
-        return ("periodic",)
-    if kind == "score":
-        return ("score", tuple((t["signal"], len(t.get("knots", ()))) for t in policy["terms"]))
-
-    def node_skeleton(node: dict[str, Any]) -> tuple:
-        for key in ("any", "all"):
-            if key in node:
-                return (key, tuple(node_skeleton(child) for child in node[key]))
-        return ("rule", node["signal"], node["op"])
-
-    return ("gate", node_skeleton({k: v for k, v in policy.items() if k != "kind"}))
+def _skeleton(plan: _Plan) -> tuple:
+    """Structure of a plan's policy without its numbers: policies sharing it evaluate together."""
+    assert plan.kind is not None
+    return tools_of(plan.kind).skeleton(plan.kind)
 
 
 def _lane_values(values: Sequence[float], n_requests: int) -> np.ndarray | float:
@@ -433,71 +385,20 @@ def _lane_values(values: Sequence[float], n_requests: int) -> np.ndarray | float
     return np.repeat(np.asarray(values, dtype=np.float64), n_requests)
 
 
-def _gate_thresholds(node: dict[str, Any]) -> list[float]:
-    for key in ("any", "all"):
-        if key in node:
-            return [value for child in node[key] for value in _gate_thresholds(child)]
-    return [node["value"]]
-
-
-def _compile_gate(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
-    thresholds = [_gate_thresholds({k: v for k, v in p.items() if k != "kind"}) for p in policies]
-    columns = iter([params.add([row[j] for row in thresholds]) for j in range(len(thresholds[0]))])
-    values = params.values
-
-    def build(node: dict[str, Any]) -> Node:
-        for key in ("any", "all"):
-            if key in node:
-                children = [build(child) for child in node[key]]
-                return _combine(children, np.logical_or if key == "any" else np.logical_and)
-        name, ufunc, column = node["signal"], _UFUNCS[node["op"]], next(columns)
-        return lambda signals, sl: ufunc(signals[name][sl], values[column])
-
-    root = build({k: v for k, v in policies[0].items() if k != "kind"})
-    return _Evaluator(params, lambda signals, age, sl: root(signals, sl))
-
-
-def _combine(children: list[Node], combine: np.ufunc) -> Node:
-    def group(signals: dict[str, np.ndarray], sl: slice) -> np.ndarray:
-        result = children[0](signals, sl)
-        for child in children[1:]:
-            result = combine(result, child(signals, sl))
-        return result
-
-    return group
-
-
-def _compile_score(policies: list[dict[str, Any]], lanes_per_policy: int) -> _Evaluator:
-    lanes = ScoreLanes.from_policies(policies, lanes_per_policy)
-    return _Evaluator(lanes, lambda signals, age, sl: lanes.fires(signals, sl))
-
-
-def _compile_periodic(policies: list[dict[str, Any]], params: _LaneParams) -> _Evaluator:
-    interval = params.add([p["interval"] for p in policies])
-    values = params.values
-    return _Evaluator(params, lambda signals, age, sl: np.greater_equal(age[sl], values[interval]))
-
-
-def _group_evaluators(policies: list[dict[str, Any]], n_requests: int) -> list[list[Any]]:
-    """[evaluator, first lane, end lane] per run of policies sharing a skeleton (pre-sorted by skeleton)."""
+def _group_evaluators(plans: list[_Plan], n_requests: int) -> list[list[Any]]:
+    """[lanes, first lane, end lane] per run of policies sharing a skeleton (pre-sorted by skeleton)."""
     groups: list[tuple[tuple, int, int]] = []
-    for index, policy in enumerate(policies):
-        skeleton = _skeleton(policy)
+    for index, plan in enumerate(plans):
+        skeleton = _skeleton(plan)
         if groups and groups[-1][0] == skeleton:
             groups[-1] = (skeleton, groups[-1][1], index + 1)
         else:
             groups.append((skeleton, index, index + 1))
     evaluators = []
-    for skeleton, start, stop in groups:
-        members = policies[start:stop]
-        params = _LaneParams(n_requests)
-        if skeleton[0] == "periodic":
-            evaluator = _compile_periodic(members, params)
-        elif skeleton[0] == "gate":
-            evaluator = _compile_gate(members, params)
-        else:
-            evaluator = _compile_score(members, n_requests)
-        evaluators.append([evaluator, start * n_requests, stop * n_requests])
+    for _, start, stop in groups:
+        members = [plan.kind for plan in plans[start:stop]]
+        lanes = tools_of(members[0]).lanes(members, n_requests)
+        evaluators.append([lanes, start * n_requests, stop * n_requests])
     return evaluators
 
 
@@ -570,7 +471,7 @@ def _run_lanes(
             stride_index=np.zeros(n_lanes, dtype=np.int64),
         )
         used: set[str] = set(SIGNAL_NAMES) if observer is not None else set()
-        used = used.union(*(policy_kinds.from_json(c["policy"]).signals() for c in controllers))
+        used = used.union(*(plan.kind.signals() for plan in plans))
         engine = SignalEngine(
             n_lanes,
             alpha=_lane_values([c["signals"]["acceptance"]["ewma_alpha"] for c in controllers], per_policy),
@@ -578,7 +479,7 @@ def _run_lanes(
             need=used,
             max_accepted=tables.draft_length + 1,
         )
-        evaluators = _group_evaluators([c["policy"] for c in controllers], per_policy)
+        evaluators = _group_evaluators(plans, per_policy)
         need_entropy = engine.need_entropy
         need_drift = engine.need_drift and tables.drift is not None
 
@@ -651,7 +552,7 @@ def _run_lanes(
                 engine.keep(active)
             bounds = np.concatenate([[0], np.cumsum(active)])
             for group in evaluators:
-                group[0].params.keep(active[group[1] : group[2]])
+                group[0].keep(active[group[1] : group[2]])
                 group[1], group[2] = int(bounds[group[1]]), int(bounds[group[2]])
     return _LaneOutput(segments=segments, final=final, refreshes=refreshes_out, refresh_events=events)
 
@@ -703,7 +604,7 @@ def replay_many(
     results: list[ReplayResult | None] = [None] * len(plans)
     for (arm_mode, *_), indices in _batches(plans).items():
         if arm_mode == "age":
-            indices = sorted(indices, key=lambda i: repr(_skeleton(plans[i].controller["policy"])))
+            indices = sorted(indices, key=lambda i: repr(_skeleton(plans[i])))
         batch = [plans[i] for i in indices]
         output = _run_lanes(tables, batch, arm_mode, record_refreshes)
         labels = [plan.label for plan in batch]

@@ -1,8 +1,9 @@
-"""Score policies: a non-negative weighted sum of oriented, standardised signals, and its fitting.
+"""Score policies (the ``score`` kind): replay lanes, search-space suggestion, rendering, and fitting.
 
 score = sum_j weight_j * g_j((signal_j - mean_j) * orientation_j / scale_j); the policy fires when
-score >= threshold. g_j is the identity, or a monotone piecewise-linear map through ``knots``
-(clamped outside the first and last knot). A term whose signal is missing contributes 0.
+score >= threshold (the runtime kind :class:`rift_ada.policy_kinds.Score`). g_j is the identity, or
+a monotone piecewise-linear map through ``knots`` (clamped outside the first and last knot). A term
+whose signal is missing contributes 0.
 """
 
 from __future__ import annotations
@@ -10,16 +11,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rift_ada import policy_kinds
 from rift_ada.collectors.probe_traces import ProbeTraces, age_arm
-from rift_ada.controller import SIGNAL_NAMES, validate_policy
+from rift_ada.controller import SIGNAL_NAMES, ControllerError, make_controller_dict
 from rift_ada.policies.kernels import score_totals
-from rift_ada.policies.periodic import Policy
+from rift_ada.policies.kind_tools import KindTools
+from rift_ada.policy_kinds import Score
 
-__all__ = ["ScoreLanes", "ScorePolicy", "ScoreTerm", "SignalSamples", "counterfactual_samples"]
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from rift_ada.policies.space import SearchSpace, TrialLike
+
+__all__ = ["ScoreLanes", "ScorePolicy", "ScoreTerm", "ScoreTools", "SignalSamples", "counterfactual_samples"]
 
 
 @dataclasses.dataclass
@@ -215,33 +223,89 @@ class ScoreLanes:
         )
         return out
 
-    def fires(self, signals: Mapping[str, np.ndarray], lanes: slice) -> np.ndarray:
-        """Whether each lane's score reaches its threshold."""
+    def fires(self, signals: Mapping[str, np.ndarray], age: np.ndarray, lanes: slice) -> np.ndarray:
+        """Whether each lane's score reaches its threshold (``age`` unused: a score reads signals only)."""
         return np.greater_equal(self.totals(signals, lanes), self.threshold)
 
 
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+class ScoreTools(KindTools):
+    kind = Score
+    searched = True
+
+    @staticmethod
+    def skeleton(policy: Score) -> tuple:
+        return ("score", tuple((t.signal, len(t.knots or ())) for t in policy.terms))
+
+    @staticmethod
+    def lanes(policies: Sequence[Score], lanes_per_policy: int) -> ScoreLanes:
+        return ScoreLanes.from_policies([policy.to_json() for policy in policies], lanes_per_policy)
+
+    @staticmethod
+    def render(policy: Score, tree: Tree) -> None:
+        from rich.text import Text
+
+        tree.add(Text.assemble("fires when score >= ", (_number(policy.threshold), "bold")))
+        terms = tree.add("score = Σ weight · g(orientation · (signal − mean) / scale)")
+        for term in policy.terms:
+            sign = "+" if term.orientation > 0 else "−"
+            text = Text.assemble(
+                (_number(term.weight), "bold"),
+                " · ",
+                ("g" if term.knots is not None else "", ""),
+                f"({sign}({term.signal} − {_number(term.mean)}) / {_number(term.scale)})",
+            )
+            node = terms.add(text)
+            if term.knots is not None:
+                node.add("knots " + ", ".join(f"({_number(x)}, {_number(y)})" for x, y in term.knots))
+
+    @staticmethod
+    def searchable(space: SearchSpace) -> bool:
+        return bool(space.score_terms and space.score_grid)
+
+    @staticmethod
+    def suggest(space: SearchSpace, trial: TrialLike) -> dict[str, Any]:
+        """The fitted terms with a threshold from the grid of fitted-score percentiles (``score_q``)."""
+        q = trial.suggest_int("score_q", 0, len(space.score_grid) - 1)
+        return {"kind": "score", "terms": [dict(t) for t in space.score_terms], "threshold": float(space.score_grid[q])}
+
+
 @dataclasses.dataclass
-class ScorePolicy(Policy):
-    """Fire when ``sum_j weight_j * g_j(orientation_j * (signal_j - mean_j) / scale_j) >= threshold``."""
+class ScorePolicy:
+    """The fitter of score policies: fire when ``sum_j weight_j * g_j(orientation_j * (signal_j - mean_j) /
+    scale_j) >= threshold``; :meth:`fit` learns the terms from probe traces (or signal samples)."""
 
     terms: list[ScoreTerm] = dataclasses.field(default_factory=lambda: [ScoreTerm("entropy")])
     threshold: float = 0.0
-    kind: ClassVar[str] = "score"
 
     def __post_init__(self) -> None:
         self.terms = [ScoreTerm.from_json(t) if isinstance(t, Mapping) else t for t in self.terms]
         self.fit_info_: dict[str, Any] = {}
-        self.to_policy_json()
+        self.to_kind()
+
+    def to_kind(self) -> Score:
+        """The runtime kind (validated: ControllerError naming the field)."""
+        terms = [t.to_json() for t in self.terms]
+        return Score.from_json({"kind": Score.kind, "terms": terms, "threshold": self.threshold})
 
     def to_policy_json(self) -> dict[str, Any]:
-        return validate_policy(
-            {"kind": "score", "terms": [t.to_json() for t in self.terms], "threshold": float(self.threshold)}
-        )
+        """The ``policy`` object of a controller (validated)."""
+        return self.to_kind().to_json()
 
     @classmethod
     def from_policy_json(cls, data: Mapping[str, Any]) -> ScorePolicy:
-        policy = cls._validated(data)
-        return cls(terms=[ScoreTerm.from_json(t) for t in policy["terms"]], threshold=policy["threshold"])
+        """From a ``score`` policy object; ControllerError naming the field when it is not a valid one."""
+        policy = policy_kinds.from_json(data)
+        if not isinstance(policy, Score):
+            raise ControllerError("policy.kind", f"expected {Score.kind!r}, got {policy.kind!r}")
+        return cls(terms=[ScoreTerm.from_json(t.to_json()) for t in policy.terms], threshold=policy.threshold)
+
+    def to_controller_dict(self, **identity: Any) -> dict[str, Any]:
+        """A validated controller dict of this policy (keyword arguments of ``make_controller_dict``)."""
+        return make_controller_dict(self.to_policy_json(), **identity)
 
     def score_values(self, signals: Mapping[str, Any]) -> np.ndarray:
         """Scores for arrays of signal values (the controller's sum, :class:`ScoreLanes`; NaN = missing)."""
@@ -322,5 +386,5 @@ class ScorePolicy(Policy):
             "weights": {t.signal: t.weight for t in terms},
             "horizon": horizon,
         }
-        self.to_policy_json()
+        self.to_kind()
         return self

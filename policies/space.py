@@ -22,18 +22,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-SIGNAL_OPS: dict[str, str] = {
-    "acceptance": "<=",
-    "entropy": ">=",
-    "query_drift": ">=",
-    "acceptance_drop": ">=",
-    "entropy_rise": ">=",
-}
+from rift_ada.policies.gate import SIGNAL_OPS
+from rift_ada.policies.kinds import SEARCHED, TOOLS
+
+__all__ = [
+    "FAMILIES",
+    "LEVEL_AND_DETERIORATION",
+    "PAPER_GATE_SIGNALS",
+    "SIGNAL_OPS",
+    "SearchSpace",
+    "TrialLike",
+]
+
 LEVEL_AND_DETERIORATION: tuple[str, ...] = ("acceptance", "entropy", "acceptance_drop", "entropy_rise")
 # The paper's any-gate (section 4.4): acceptance low, entropy high, acceptance fallen or entropy
 # risen since the refresh, or query drift high: five rules, one per signal.
 PAPER_GATE_SIGNALS: tuple[str, ...] = LEVEL_AND_DETERIORATION + ("query_drift",)
-FAMILIES: tuple[str, ...] = ("gate", "score")
+FAMILIES: tuple[str, ...] = SEARCHED  # ("gate", "score"): the kinds whose tools search
 
 
 class TrialLike(Protocol):
@@ -79,13 +84,7 @@ class SearchSpace:
     @property
     def active_families(self) -> tuple[str, ...]:
         """Families with something to search, in the order given."""
-        out = []
-        for family in self.families:
-            if (family == "gate" and (self.gate_signals or self.has_drift)) or (
-                family == "score" and self.score_terms and self.score_grid
-            ):
-                out.append(family)
-        return tuple(out)
+        return tuple(family for family in self.families if TOOLS[family].searchable(self))
 
     def suggest(self, trial: TrialLike) -> tuple[str, dict[str, Any]]:
         """Sample one policy: returns (family, policy JSON)."""
@@ -93,53 +92,7 @@ class SearchSpace:
         if not families:
             raise ValueError("the search space is empty: no family has a grid or a fitted score")
         family = trial.suggest_categorical("family", list(families))
-        if family == "gate":
-            return family, self._suggest_gate(trial)
-        return family, self._suggest_score(trial)
-
-    def _threshold(self, trial: TrialLike, name: str, signal: str) -> dict[str, Any]:
-        grid = self.grids[signal]
-        q = trial.suggest_int(name, 0, len(grid) - 1)
-        return {"signal": signal, "op": SIGNAL_OPS[signal], "value": float(grid[q])}
-
-    def _suggest_gate(self, trial: TrialLike) -> dict[str, Any]:
-        signals = self.gate_signals
-        rules: list[dict[str, Any]] = []
-        if signals:
-            n_rules = trial.suggest_int("gate_rules", 1, self.max_rules)
-            for i in range(n_rules):
-                signal = trial.suggest_categorical(f"gate_rule{i}_signal", list(signals))
-                rules.append(self._threshold(trial, f"gate_rule{i}_{signal}_q", signal))
-        combine = trial.suggest_categorical("gate_combine", ["any", "all"]) if len(rules) > 1 else "any"
-        drift_mode = "none"
-        if self.has_drift:
-            drift_mode = trial.suggest_categorical("gate_drift", ["none", "or", "and"] if rules else ["or"])
-        core: dict[str, Any] | None
-        if not rules:
-            core = None
-        elif len(rules) == 1:
-            core = rules[0]
-        else:
-            core = {combine: rules}
-        if drift_mode == "none":
-            assert core is not None
-            top = rules if combine == "any" else [core]
-            return {"kind": "gate", "any": top}
-        drift = self._threshold(trial, "gate_drift_q", "query_drift")
-        if core is None:
-            return {"kind": "gate", "any": [drift]}
-        if drift_mode == "or":
-            top = (rules if combine == "any" else [core]) + [drift]
-            return {"kind": "gate", "any": top}
-        return {"kind": "gate", "any": [{"all": [core, drift]}]}
-
-    def _suggest_score(self, trial: TrialLike) -> dict[str, Any]:
-        q = trial.suggest_int("score_q", 0, len(self.score_grid) - 1)
-        return {
-            "kind": "score",
-            "terms": [dict(t) for t in self.score_terms],
-            "threshold": float(self.score_grid[q]),
-        }
+        return family, TOOLS[family].suggest(self, trial)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,20 +109,3 @@ class SearchSpace:
         blob = json.dumps(self.to_dict(), sort_keys=True, default=float).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-
-def policy_signals(policy: dict[str, Any]) -> set[str]:
-    """Signals a gate or score policy JSON reads (empty for periodic)."""
-    found: set[str] = set()
-    if policy.get("kind") == "score":
-        return {t["signal"] for t in policy.get("terms", []) if float(t.get("weight", 0.0)) > 0}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "signal" in node:
-                found.add(node["signal"])
-            for key in ("any", "all"):
-                for child in node.get(key, []):
-                    walk(child)
-
-    walk(policy)
-    return found

@@ -11,6 +11,7 @@ from typing import Any
 
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.controller import make_controller_dict
+from rift_ada.policy_kinds import Periodic
 
 
 def walk_controllers(traces: ProbeTraces, *, ewma_alpha: float = 0.4, ewma_rounds: int = 4) -> list[dict[str, Any]]:
@@ -26,7 +27,7 @@ def walk_controllers(traces: ProbeTraces, *, ewma_alpha: float = 0.4, ewma_round
         raise ValueError("the traces need 'age:N' arms with N > 0 to build threshold grids")
     return [
         make_controller_dict(
-            {"kind": "periodic", "interval": age},
+            Periodic(age).to_json(),
             name=f"walk:{age}",
             draft="grids",
             target="grids",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rift_ada.controller import DEFAULT_SCHEDULE, make_controller_dict
+from rift_ada.policy_kinds import Periodic
 
 __all__ = [
     "CACHE_BASELINES",
@@ -119,7 +120,7 @@ class PolicySpec:
         if decision_stride is not None:
             schedule = {"decision_stride": decision_stride, **schedule}
         return make_controller_dict(
-            {"kind": PERIODIC, "interval": self.interval},
+            Periodic(self.interval).to_json(),
             name=self.label if name is None else name,
             draft=draft,
             target=target,

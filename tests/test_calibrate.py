@@ -9,7 +9,7 @@ import numpy as np
 import optuna
 import pytest
 
-from rift_ada import Controller
+from rift_ada import Controller, policy_kinds
 from rift_ada.calibrate.bootstrap import al_difference_ci, refresh_reduction_ci
 from rift_ada.calibrate.grids import SIGNALS, check_signal_columns, threshold_grids
 from rift_ada.calibrate.operating_point import TrialPoint, pareto_front, select_operating_point
@@ -18,7 +18,7 @@ from rift_ada.calibrate.report import render_markdown
 from rift_ada.calibrate.splits import SPLIT_NAMES, CalibrationError, make_splits
 from rift_ada.collectors.synthetic import synthetic_traces
 from rift_ada.controller import make_controller_dict
-from rift_ada.policies.space import SearchSpace, policy_signals
+from rift_ada.policies.space import SearchSpace
 
 FAST = {"n_resamples": 2000, "log": None}
 
@@ -179,7 +179,7 @@ def test_search_space_builds_valid_policies(params):
     controller = make_controller_dict(policy, name="x", draft="d", target="t", temperature=0.0)
     Controller.from_dict(controller)
     if family == "gate":
-        rules = policy_signals(policy)
+        rules = policy_kinds.from_json(policy).signals()
         assert params["gate_rule0_signal"] in rules
         assert ("query_drift" in rules) == (params["gate_drift"] != "none")
     else:
@@ -267,7 +267,7 @@ def test_same_seed_same_controller(tmp_path, small_traces):
 def test_planted_signal_is_found_and_confirmed(planted_run):
     result = planted_run
     controller = Controller.load(result.controller_path)
-    used = policy_signals(controller.policy)
+    used = controller.signals_used
     assert used & {"entropy", "entropy_rise"}, used
     vs_reference = result.calibration["confirmation"]["comparisons"][0]
     assert vs_reference["baseline"] == "periodic:128"

@@ -1,7 +1,8 @@
-"""Policy families: JSON round trips (Controller and replay), score fitting, evaluation, rendering."""
+"""Policy kinds: JSON round trips (Controller and replay), the registries, score fitting, evaluation, rendering."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,47 +11,56 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from rift_ada import Controller, ControllerError
+from rift_ada import Controller, ControllerError, policy_kinds
 from rift_ada.collectors.synthetic import synthetic_traces
+from rift_ada.controller import make_controller_dict, validate_policy
 from rift_ada.policies import (
-    GatePolicy,
-    PeriodicPolicy,
     ScorePolicy,
     ScoreTerm,
-    all_of,
-    any_of,
     counterfactual_samples,
     evaluate_policies,
     fidelity,
-    policy_from_json,
     render_controller,
     replay_many,
-    rule,
 )
+from rift_ada.policies.gate import GateTools
+from rift_ada.policies.kinds import SEARCHED, TOOLS
 from rift_ada.policies.replay import replay
+from rift_ada.policy_kinds import Gate, Group, Periodic, PolicyKind, Rule
 
 IDENTITY = {"name": "round-trip", "draft": "d", "target": "t", "temperature": 0.0}
 
 
-def families() -> list[Any]:
+def score_policy() -> ScorePolicy:
+    return ScorePolicy(
+        [
+            ScoreTerm("entropy", 1, 0.8, 0.4, 1.0),
+            ScoreTerm("acceptance", -1, 6.0, 1.5, 0.5),
+            ScoreTerm("acceptance_drop", 1, 0.0, 1.0, 0.7, knots=[[-1.0, -0.5], [0.0, 0.0], [2.0, 2.5]]),
+        ],
+        threshold=0.8,
+    )
+
+
+def families() -> list[PolicyKind]:
     return [
-        PeriodicPolicy(interval=48),
-        GatePolicy(
-            any_of(
-                rule("acceptance", "<=", 6.0),
-                all_of(rule("entropy", ">=", 1.0), rule("query_drift", ">=", 0.02)),
+        Periodic(interval=48),
+        Gate(
+            Group(
+                "any",
+                (
+                    Rule("acceptance", "<=", 6.0),
+                    Group("all", (Rule("entropy", ">=", 1.0), Rule("query_drift", ">=", 0.02))),
+                ),
             )
         ),
-        GatePolicy(rule("entropy_rise", ">", 0.3)),
-        ScorePolicy(
-            [
-                ScoreTerm("entropy", 1, 0.8, 0.4, 1.0),
-                ScoreTerm("acceptance", -1, 6.0, 1.5, 0.5),
-                ScoreTerm("acceptance_drop", 1, 0.0, 1.0, 0.7, knots=[[-1.0, -0.5], [0.0, 0.0], [2.0, 2.5]]),
-            ],
-            threshold=0.8,
-        ),
+        Gate(Group("any", (Rule("entropy_rise", ">", 0.3),))),
+        score_policy().to_kind(),
     ]
+
+
+def controller_dict(policy: PolicyKind, **overrides: Any) -> dict[str, Any]:
+    return make_controller_dict(policy.to_json(), **IDENTITY, **overrides)
 
 
 def drive(controller: Controller, rounds: list[tuple[float, list[float], float, int]]) -> list[bool]:
@@ -77,18 +87,20 @@ def random_rounds(seed: int) -> list[tuple[float, list[float], float, int]]:
 @pytest.mark.parametrize("index", range(4))
 def test_family_json_controller_round_trip(index: int, tmp_path: Path) -> None:
     policy = families()[index]
-    policy_json = policy.to_policy_json()
+    policy_json = policy.to_json()
     assert json.loads(json.dumps(policy_json)) == policy_json
-    again = type(policy).from_policy_json(policy_json)
-    assert again.to_policy_json() == policy_json
-    assert policy_from_json(policy_json).to_policy_json() == policy_json
-    data = policy.to_controller_dict(**IDENTITY, schedule={"min_age": 16})
+    again = type(policy).from_json(policy_json)
+    assert again == policy and again.to_json() == policy_json
+    assert policy_kinds.from_json(policy_json) == policy
+    assert validate_policy(policy_json) == policy_json
+    data = controller_dict(policy, schedule={"min_age": 16})
     path = tmp_path / "controller.json"
     path.write_text(json.dumps(data, indent=2))
     direct = Controller.from_dict(data)
     loaded = Controller.load(path)
-    rebuilt = again.to_controller(**IDENTITY, schedule={"min_age": 16})
+    rebuilt = Controller.from_dict(controller_dict(again, schedule={"min_age": 16}))
     assert loaded.to_dict() == direct.to_dict() == rebuilt.to_dict()
+    assert direct.policy_kind == policy.kind and direct.signals_used == policy.signals()
     for seed in range(3):
         rounds = random_rounds(seed)
         expected = drive(direct, rounds)
@@ -100,14 +112,14 @@ def test_family_json_controller_round_trip(index: int, tmp_path: Path) -> None:
 def test_family_round_trip_through_replay(tmp_path: Path) -> None:
     traces = synthetic_traces(4, 400, seed=5)
     for index, policy in enumerate(families()):
-        data = policy.to_controller_dict(**IDENTITY)
+        data = controller_dict(policy)
         path = tmp_path / f"c{index}.json"
         path.write_text(json.dumps(data))
         from_dict = replay(traces, data, record_refreshes=True)
         from_file = replay(traces, Controller.load(path).to_dict(), record_refreshes=True)
         from_json = replay(
             traces,
-            type(policy).from_policy_json(policy.to_policy_json()).to_controller_dict(**IDENTITY),
+            controller_dict(type(policy).from_json(policy.to_json())),
             record_refreshes=True,
         )
         for other in (from_file, from_json):
@@ -115,43 +127,60 @@ def test_family_round_trip_through_replay(tmp_path: Path) -> None:
             assert [p.tolist() for p in other.refresh_positions] == [p.tolist() for p in from_dict.refresh_positions]
 
 
-def test_params_and_validation() -> None:
-    periodic = PeriodicPolicy(32)
-    assert periodic.get_params() == {"interval": 32}
-    assert periodic.set_params(interval=64).interval == 64
-    with pytest.raises(ControllerError):
-        PeriodicPolicy(0)
-    with pytest.raises(ControllerError):
-        periodic.set_params(interval=-1)
-    with pytest.raises(ValueError):
-        periodic.set_params(period=3)
-    with pytest.raises(ValueError):
-        rule("entropy", "=", 1.0)
-    with pytest.raises(ValueError):
-        rule("loss", ">", 1.0)
+def test_kinds_are_validated_frozen_dataclasses() -> None:
+    periodic = Periodic(32)
+    assert periodic == Periodic.from_json({"kind": "periodic", "interval": 32}) and hash(periodic) == hash(Periodic(32))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        periodic.interval = 64  # type: ignore[misc]
     with pytest.raises(ControllerError) as info:
-        GatePolicy({"any": [{"signal": "entropy", "op": ">", "value": float("nan")}]})
+        Periodic(0)
+    assert info.value.field == "policy.interval"
+    with pytest.raises(ControllerError) as info:
+        Gate(Group("any", (Rule("entropy", ">", float("nan")),)))
     assert info.value.field == "policy.any[0].value"
+    with pytest.raises(ControllerError) as info:
+        Gate(Group("all", (Rule("entropy", ">", 1.0), Rule("entropy", "=", 1.0))))
+    assert info.value.field == "policy.all[1].op"
+    with pytest.raises(ControllerError) as info:
+        Gate(Group("any", (Group("all", (Rule("loss", ">", 1.0),)),)))
+    assert info.value.field == "policy.any[0].all[0].signal"
     with pytest.raises(ControllerError):
         ScorePolicy([ScoreTerm("entropy", scale=0.0)])
-    with pytest.raises(ControllerError):
-        GatePolicy.from_policy_json({"kind": "periodic", "interval": 3})
+    with pytest.raises(ControllerError) as info:
+        Gate.from_json({"kind": "periodic", "interval": 3})
+    assert info.value.field == "policy.any"
+    with pytest.raises(ControllerError) as info:
+        ScorePolicy.from_policy_json({"kind": "periodic", "interval": 3})
+    assert info.value.field == "policy.kind"
+    assert ScorePolicy.from_policy_json(score_policy().to_policy_json()).to_kind() == score_policy().to_kind()
 
 
-def test_gate_thresholds() -> None:
+def test_gate_tree_walks() -> None:
     gate = families()[1]
-    assert gate.thresholds == [6.0, 1.0, 0.02]
-    assert gate.signals == ["acceptance", "entropy", "query_drift"]
-    moved = gate.with_thresholds([5.0, 1.5, 0.1])
-    assert moved.thresholds == [5.0, 1.5, 0.1] and gate.thresholds == [6.0, 1.0, 0.02]
-    with pytest.raises(ValueError):
-        gate.with_thresholds([1.0])
+    assert isinstance(gate, Gate)
+    assert [rule.value for rule in gate.root.rules()] == [6.0, 1.0, 0.02]
+    assert gate.signals() == {"acceptance", "entropy", "query_drift"}
+    assert GateTools.skeleton(gate) == (
+        "gate",
+        ("any", (("rule", "acceptance", "<="), ("all", (("rule", "entropy", ">="), ("rule", "query_drift", ">="))))),
+    )
+
+
+def test_every_kind_has_its_tools() -> None:
+    """The runtime registry and the policies-side one name the same kinds; the searched ones are gate, score."""
+    assert set(TOOLS) == set(policy_kinds.KINDS) == set(policy_kinds.POLICY_KINDS)
+    assert all(TOOLS[name].kind is kind for name, kind in policy_kinds.KINDS.items())
+    assert SEARCHED == ("gate", "score")
+    with pytest.raises(ControllerError, match=r"unknown policy kind 'ramp' \(known: periodic, gate, score\)"):
+        policy_kinds.from_json({"kind": "ramp"})
 
 
 def test_score_values_match_the_controller() -> None:
-    score = families()[3]
-    controller = score.to_controller(
-        **IDENTITY, schedule={"min_age": 0, "max_age": 100000}, signals={"acceptance": {"rounds": 1}}
+    score = score_policy()
+    controller = Controller.from_dict(
+        score.to_controller_dict(
+            **IDENTITY, schedule={"min_age": 0, "max_age": 100000}, signals={"acceptance": {"rounds": 1}}
+        )
     )
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -200,7 +229,7 @@ def test_score_fit_threshold_and_samples() -> None:
 
 def test_evaluate_policies(tmp_path: Path) -> None:
     traces = synthetic_traces(5, 512, seed=13)
-    gate = families()[1].to_controller_dict(**IDENTITY)
+    gate = controller_dict(families()[1])
     path = tmp_path / "gate.json"
     path.write_text(json.dumps(gate))
     rows = evaluate_policies(traces, ["stat", "periodic:64", str(path), path, gate, "full"])
@@ -251,7 +280,7 @@ def test_fidelity() -> None:
 def test_render_controller() -> None:
     console = Console(record=True, width=120)
     for policy in families():
-        console.print(render_controller(policy.to_controller_dict(**IDENTITY, calibration={"seed": 1})))
+        console.print(render_controller(controller_dict(policy, calibration={"seed": 1})))
     text = console.export_text()
     for expected in (
         "ANY of",
@@ -271,8 +300,8 @@ def test_render_controller() -> None:
 
 def test_replay_many_handles_mixed_families_and_windows() -> None:
     traces = synthetic_traces(3, 300, seed=15)
-    specs = [p.to_controller_dict(**IDENTITY) for p in families()]
-    specs.append(families()[1].to_controller_dict(**IDENTITY, signals={"acceptance": {"rounds": 2}}))
+    specs = [controller_dict(p) for p in families()]
+    specs.append(controller_dict(families()[1], signals={"acceptance": {"rounds": 2}}))
     results = replay_many(traces, specs)
     for spec, result in zip(specs, results, strict=True):
         assert result.al.tolist() == replay(traces, spec).al.tolist()

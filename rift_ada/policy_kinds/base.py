@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
@@ -13,12 +14,22 @@ __all__ = ["PolicyKind"]
 class PolicyKind:
     """One kind of controller ``policy`` object (``{"kind": ..., ...}``); subclasses are frozen dataclasses.
 
-    ``from_json`` is the validator (it raises :class:`~rift_ada.validation.ControllerError` naming the
-    field path under ``path``) and the constructor of record: build kinds from JSON, or from values
-    it would accept.
+    ``from_json`` is the one validator (it raises :class:`~rift_ada.validation.ControllerError` naming
+    the field path under ``path``); a kind built directly (``Periodic(64)``) is checked by it too.
     """
 
     kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        type(self).from_json(self.to_json())
+
+    @classmethod
+    def _checked(cls, *values: Any) -> Self:
+        """An instance of fields ``from_json`` has just checked (not checked again)."""
+        obj = object.__new__(cls)
+        for spec, value in zip(dataclasses.fields(cls), values, strict=True):  # type: ignore[arg-type]
+            object.__setattr__(obj, spec.name, value)
+        return obj
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any], path: str = "policy") -> Self:

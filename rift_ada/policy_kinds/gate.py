@@ -139,7 +139,7 @@ class Gate(PolicyKind):
             raise ControllerError(path, "has both 'any' and 'all'; nest them instead")
         key = groups[0]
         _object(value, path, ("kind", key))
-        return cls(_group(key, value[key], _join(path, key), 1))
+        return cls._checked(_group(key, value[key], _join(path, key), 1))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.root.to_json()}

@@ -22,7 +22,7 @@ class Periodic(PolicyKind):
     @classmethod
     def from_json(cls, value: Mapping[str, Any], path: str = "policy") -> Periodic:
         obj = _object(value, path, ("kind", "interval"))
-        return cls(_integer(obj["interval"], _join(path, "interval"), 1))
+        return cls._checked(_integer(obj["interval"], _join(path, "interval"), 1))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "interval": self.interval}

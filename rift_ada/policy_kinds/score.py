@@ -131,7 +131,7 @@ class Score(PolicyKind):
         if not terms:
             raise ControllerError(terms_path, "must not be empty")
         parsed = tuple(Term.from_json(term, f"{terms_path}[{i}]") for i, term in enumerate(terms))
-        return cls(parsed, _number(obj["threshold"], _join(path, "threshold")))
+        return cls._checked(parsed, _number(obj["threshold"], _join(path, "threshold")))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "terms": [term.to_json() for term in self.terms], "threshold": self.threshold}
