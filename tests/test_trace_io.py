@@ -104,7 +104,7 @@ def test_resume_skips_complete_requests_and_mismatch_is_refused(tmp_path: Path):
 
 
 def _one_request_tables(traces: ProbeTraces, index: int) -> dict:
-    from rift_ada.collectors.trace_io import _probe_tables
+    from rift_ada.collectors.trace_io.readers import _probe_tables
 
     return _probe_tables(traces, np.array([index]))
 
@@ -215,7 +215,7 @@ def test_two_shard_writers_share_one_directory(tmp_path: Path):
     manifest = base_manifest(**traces.manifest, max_positions=traces.outcome.shape[2])
     writers = [TraceWriter(out, manifest, shard=(index, 2)) for index in range(2)]
     ids = traces.requests["request_id"].tolist()
-    from rift_ada.collectors.trace_io import _probe_tables
+    from rift_ada.collectors.trace_io.readers import _probe_tables
 
     batches = [[ids.index(i) for i in shard_requests(ids, (index, 2))] for index in range(2)]
     for step in range(0, 6, 2):  # interleaved batches, as two processes would produce them

@@ -21,7 +21,6 @@ from rift_ada.collectors.synthetic import synthetic_traces
 from rift_ada.collectors.trace_io import (
     TraceError,
     TraceWriter,
-    _probe_tables,
     check_complete,
     read_manifest,
     read_probe_traces,
@@ -30,6 +29,7 @@ from rift_ada.collectors.trace_io import (
     upgrade_layout,
     write_probe_traces,
 )
+from rift_ada.collectors.trace_io.readers import _probe_tables
 
 
 def _traces(n_requests: int = 8):
