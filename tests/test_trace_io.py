@@ -291,9 +291,17 @@ def test_closed_mode_tables_and_manifest_hash(tmp_path: Path):
     assert manifest_hash(out) == first_hash and len(first_hash) == 64
     writer.write_requests(batch(["c"]))
     assert manifest_hash(out) != first_hash
+    short = batch(["d"])  # a 2-token response (Gemma3 at T = 1 ends one so): one round, no stride of 8 tokens
+    short["strides"] = short["strides"].slice(0, 0)
+    writer.write_requests(short)  # an empty table once failed the "rows for missing request ids" check
+    short_id = batch(["e"])
+    short_id["strides"] = short_id["strides"].set_column(0, "request_id", pa.array(["x", "x"]))
+    with pytest.raises(TraceError, match="'strides': has rows for request ids missing"):
+        writer.write_requests(short_id)
     tables = read_tables(out)
-    assert tables["requests"]["request_id"].to_pylist() == ["a", "b", "c"]
-    assert tables["rounds"].num_rows == 9 and tables["rounds"]["round"].to_pylist()[:3] == [0, 1, 2]
+    assert tables["requests"]["request_id"].to_pylist() == ["a", "b", "c", "d"]
+    assert tables["strides"].num_rows == 6 and "d" not in tables["strides"]["request_id"].to_pylist()
+    assert tables["rounds"].num_rows == 12 and tables["rounds"]["round"].to_pylist()[:3] == [0, 1, 2]
     assert tables["rounds"].schema.field("al").type == pa.float32()
     assert tables["strides"]["refreshed"].type == pa.bool_()
     assert tables["rounds"]["policy_score"].to_pylist()[1] == pytest.approx(0.9)
