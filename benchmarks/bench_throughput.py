@@ -340,7 +340,8 @@ class Worker:
 
 
 def make_tree(commit: str, destination: str) -> None:
-    """A package tree of rift_ada at ``commit`` (rift_ada/ with collectors/, policies/, calibrate/, cli/ inside)."""
+    """A package tree of rift_ada at ``commit`` (rift_ada/ with collectors/, policies/, calibrate/, experiments/ and
+    cli/ inside; experiments/ only from the commit that split it off calibrate/)."""
     root = Path(__file__).resolve().parent.parent
     target = Path(destination) / "rift_ada"
     target.mkdir(parents=True)
@@ -348,7 +349,9 @@ def make_tree(commit: str, destination: str) -> None:
         archive = subprocess.run(["git", "-C", str(root), "archive", commit], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
         subprocess.run(["cp", "-r", f"{scratch}/rift_ada/.", str(target)], check=True)
-        for package in ("collectors", "policies", "calibrate", "cli"):
+        for package in ("collectors", "policies", "calibrate", "experiments", "cli"):
+            if not Path(scratch, package).is_dir():
+                continue
             subprocess.run(["cp", "-r", f"{scratch}/{package}", str(target / package)], check=True)
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from rift_ada.calibrate.fidelity import FidelityCase, measure_fidelity
+from rift_ada.experiments.fidelity import FidelityCase, measure_fidelity
 from rift_ada.memory import cap_heap_growth
 
 sys.path.insert(0, str(Path(__file__).parent))

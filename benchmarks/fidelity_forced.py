@@ -42,9 +42,9 @@ import numpy as np
 
 def main(argv: list[str] | None = None) -> int:
     from rift_ada.atomic import atomic_write_json, json_safe
-    from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import closed_results, collect_closed
     from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.experiments.fidelity import reopen_fidelity
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay_many
     from rift_ada.policy_spec import periodic_label

@@ -1,7 +1,9 @@
-"""Splits, threshold grids, the Optuna study, bootstrap confidence intervals, export and report.
+"""Model-free calibration: splits, threshold grids, the Optuna study, bootstrap CIs, export and report.
 
 Entry point: :func:`calibrate` (probe traces in; controller JSON, ``calibration.json`` and
-``report.md`` out). Names are imported lazily so that ``import rift_ada.calibrate`` stays cheap.
+``report.md`` out). Nothing here loads or runs a model: the experiments that do (the benchmark, closed-loop
+confirmation, fidelity) are :mod:`rift_ada.experiments`. Names are imported lazily so that
+``import rift_ada.calibrate`` stays cheap.
 """
 
 from __future__ import annotations
@@ -41,12 +43,8 @@ _EXPORTS: dict[str, str] = {
     "calibrate": "rift_ada.calibrate.pipeline",
     "check_traces_match": "rift_ada.calibrate.pipeline",
     "verdict": "rift_ada.calibrate.pipeline",
-    "ClosedConfirmation": "rift_ada.calibrate.confirm",
-    "attach_closed_confirmation": "rift_ada.calibrate.confirm",
-    "confirm_closed": "rift_ada.calibrate.confirm",
-    "confirm_closed_from_traces": "rift_ada.calibrate.confirm",
-    "FidelityCase": "rift_ada.calibrate.fidelity",
-    "measure_fidelity": "rift_ada.calibrate.fidelity",
+    "ClosedConfirmation": "rift_ada.calibrate.closed_loop",
+    "attach_closed_confirmation": "rift_ada.calibrate.closed_loop",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,7 +17,8 @@ a sparser one; this is also what makes the curve invertible). Two readings of th
 :func:`curve_gap_ci` is a paired bootstrap over requests that recomputes the whole curve in every
 resample (BCa, :func:`rift_ada.calibrate.bootstrap.paired_bootstrap`). :func:`decide` turns the
 AL-gain interval into one of three outcomes under a :class:`Preregistration` written before the
-confirmation ran; :func:`power` gives the requests a decision would need from the measured spread.
+confirmation ran, on the periodic Δs :func:`curve_intervals` brackets the controller's rate with;
+:func:`power` gives the requests a decision would need from the measured spread.
 """
 
 from __future__ import annotations
@@ -185,6 +186,24 @@ def curve_gap_ci(
         controller_beyond_densest=bool(not math.isfinite(full[0])),
         curve_below_controller=bool(ctl[0].mean() > top),
     )
+
+
+def curve_intervals(rate_per_1k: float, longest: int, *, shortest: int = 8, per_side: int = 2) -> list[int]:
+    """Periodic intervals bracketing a refresh rate: ``per_side`` denser and sparser ones from the doubling
+    ladder ``shortest``, 2 x ``shortest``, ... up to ``longest`` (plus ``longest`` itself), more on one side
+    when the other runs out, so that 2 x ``per_side`` intervals run whenever the ladder has them."""
+    ladder = []
+    step = shortest
+    while step < longest:
+        ladder.append(step)
+        step *= 2
+    ladder.append(longest)
+    matched = 1000.0 / rate_per_1k if rate_per_1k > 0 else float("inf")
+    denser = [d for d in ladder if d <= matched]
+    sparser = [d for d in ladder if d > matched]
+    take_dense = min(len(denser), max(per_side, 2 * per_side - len(sparser)))
+    take_sparse = min(len(sparser), 2 * per_side - take_dense)
+    return sorted(denser[len(denser) - take_dense :] + sparser[:take_sparse])
 
 
 @dataclass(frozen=True)

@@ -459,8 +459,8 @@ def evaluate(
     ] = False,
 ) -> None:
     """Replay policies on probe traces (and compare with a closed-loop run of the same policies)."""
-    from rift_ada.calibrate.evaluation import evaluate_run
     from rift_ada.collectors.trace_io import check_complete, read_manifest
+    from rift_ada.experiments.evaluation import evaluate_run
     from rift_ada.policies.evaluate import resolve_policy_spec
 
     specs = policy or ["stat", "periodic:128", "full"]
@@ -684,7 +684,7 @@ def calibrate(
             signals=chosen_signals,
         )
         if confirm == "closed":
-            from rift_ada.calibrate.confirm import confirm_closed_from_traces
+            from rift_ada.experiments.confirm import confirm_closed_from_traces
 
             progress.update("closed-loop confirmation", 0, None)
             confirm_closed_from_traces(out, traces, model=model, margin=margin, free_running=free_running)

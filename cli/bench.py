@@ -88,10 +88,10 @@ def bench(
     ] = None,
 ) -> None:
     """The benchmark: per temperature and budget, calibrate, confirm in the closed loop, compare with the oracle."""
-    from rift_ada.calibrate.bench import bench_size, run_bench
-    from rift_ada.calibrate.bench import export_controllers as export
-    from rift_ada.calibrate.bench_report import write_results
     from rift_ada.cli._errors import fail
+    from rift_ada.experiments.bench import bench_size, run_bench
+    from rift_ada.experiments.bench import export_controllers as export
+    from rift_ada.experiments.bench_report import write_results
 
     try:
         chosen = bench_size(

@@ -8,11 +8,11 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from rift_ada.calibrate.bench import BENCH_SIZES, bench_size, run_bench
 from rift_ada.calibrate.curve import OUTCOMES
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.cli.app import app
 from rift_ada.controller import SIGNAL_NAMES
+from rift_ada.experiments.bench import BENCH_SIZES, bench_size, run_bench
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -178,7 +178,7 @@ def test_adding_a_budget_or_a_temperature_leaves_finished_cells_done():
     with another budget or temperature reads its finished cells back (also cells whose stored
     fingerprint still records the grid, as before 2026-12-01); a changed setting re-runs them."""
     from rift_ada.atomic import json_safe
-    from rift_ada.calibrate.bench import _cell_fingerprint, same_cell
+    from rift_ada.experiments.bench import _cell_fingerprint, same_cell
 
     def fingerprint(size):
         return json_safe(_cell_fingerprint(size, 0.0, 96, 0, "tiny", "embedded"))

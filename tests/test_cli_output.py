@@ -89,8 +89,8 @@ def test_fast_stages_are_throttled_but_always_finish():
 
 
 def test_bench_sizes_match_the_library():
-    from rift_ada.calibrate.bench import BENCH_SIZES
     from rift_ada.cli.bench import BenchSizeName
+    from rift_ada.experiments.bench import BENCH_SIZES
 
     assert set(typing.get_args(BenchSizeName)) == set(BENCH_SIZES)
 

@@ -12,11 +12,12 @@ import torch
 from tiny_models import VOCAB, tiny_model
 
 from rift_ada.calibrate.bootstrap import al_difference_ci
-from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
+from rift_ada.calibrate.closed_loop import attach_closed_confirmation
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.collectors.collect import CollectSettings, closed_results
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.synthetic import synthetic_traces
+from rift_ada.experiments.confirm import confirm_closed
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -140,7 +141,7 @@ def test_free_running_at_t0_is_refused_before_anything_runs(tmp_path: Path) -> N
 
 def test_a_closed_run_of_other_policies_is_set_aside_not_resumed(tmp_path):
     """A cell whose calibration re-ran plans other closed-loop policies: the old run is renamed, kept."""
-    from rift_ada.calibrate.confirm import _set_aside_if_stale
+    from rift_ada.experiments.confirm import _set_aside_if_stale
 
     settings = CollectSettings(draft="d", target="t", temperature=0.0)
     run = tmp_path / "closed"

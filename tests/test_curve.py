@@ -129,7 +129,7 @@ def test_coverage_on_synthetic_data_is_near_nominal():
 
 
 def test_curve_intervals_bracket_the_controllers_rate():
-    from rift_ada.calibrate.confirm import curve_intervals
+    from rift_ada.calibrate.curve import curve_intervals
 
     assert curve_intervals(1000 / 100, 512) == [32, 64, 128, 256]  # two denser than Δ = 100, two sparser
     assert curve_intervals(1000 / 600, 512) == [64, 128, 256, 512]  # the sparse side runs out at 512
@@ -158,8 +158,8 @@ def test_the_operating_point_by_the_curve_gap_takes_the_fewest_refreshes_among_t
 
 
 def test_an_undefined_reading_is_stored_as_null_and_rendered():
-    from rift_ada.calibrate.bench_report import _curve_section
     from rift_ada.calibrate.export import json_safe
+    from rift_ada.experiments.bench_report import _curve_section
 
     controller, curve = synthetic_requests(10, (128, 256), 0.0, rng=np.random.default_rng(0))
     dense = PolicyTotals("controller", controller.al, controller.committed / 16, controller.committed)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rift_ada.calibrate.fidelity import FidelityCase, measure_fidelity
+from rift_ada.experiments.fidelity import FidelityCase, measure_fidelity
 
 SMALL_T0 = FidelityCase(
     n_requests=4, output_tokens=128, budget=128, temperature=0.0, periodic=(16,), arm_ages=(0, 16, 32, 64)

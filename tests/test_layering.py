@@ -1,4 +1,5 @@
-"""DESIGN.md's one-way dependencies: cli -> calibrate (and train) -> policies -> collectors -> rift_ada's runtime.
+"""DESIGN.md's one-way dependencies: cli -> experiments -> calibrate (and train) -> policies -> collectors -> rift_ada's
+runtime, and calibrate/ free of model code.
 
 Checked on the source with the AST, lazy imports inside functions included, so a helper that reaches back up
 a layer (policies/score.py once imported calibrate/grids for its walks) fails here."""
@@ -11,7 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> its layer (higher imports lower); the runtime is every other rift_ada module
-LAYERS = {"cli": 4, "calibrate": 3, "train": 3, "policies": 2, "collectors": 1, "rift_ada": 0}
+LAYERS = {"cli": 5, "experiments": 4, "calibrate": 3, "train": 3, "policies": 2, "collectors": 1, "rift_ada": 0}
+MODEL_CODE = ("torch", "transformers")
+# what calibrate/ may read from collectors/: the probe traces (the one hand-over from models) and their reader
+TRACE_MODULES = ("rift_ada.collectors", "rift_ada.collectors.probe_traces", "rift_ada.collectors.trace_io")
 
 
 def _layer_of(module: str) -> int | None:
@@ -28,6 +32,57 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
+def _imports_and_submodules(path: Path) -> list[tuple[int, str]]:
+    """:func:`_imports` plus ``m.name`` for every ``from m import name`` (``from rift_ada import speculative``)."""
+    found = _imports(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _source(module: str) -> Path | None:
+    """The file of a first-party module (``rift_ada.collectors.trace_io`` -> collectors/trace_io.py)."""
+    parts = module.split(".")
+    if parts[0] != "rift_ada":
+        return None
+    folder = len(parts) > 1 and parts[1] in LAYERS and parts[1] != "rift_ada"  # a top-level folder (package-dir)
+    base, rest = (ROOT / parts[1], parts[2:]) if folder else (ROOT / "rift_ada", parts[1:])
+    for path in (base.joinpath(*rest).with_suffix(".py") if rest else None, base.joinpath(*rest, "__init__.py")):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def _reached(module: str) -> list[str]:
+    """``module``'s first-party imports, direct and through the modules they import (their packages' __init__
+    included), lazy ones too: what importing it and calling its functions can load."""
+    seen: list[str] = []
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for candidate in [".".join(parts[:i]) for i in range(1, len(parts) + 1)]:
+            if candidate not in seen and _source(candidate) is not None:
+                seen.append(candidate)
+                path = _source(candidate)
+                assert path is not None
+                todo += [imported for _, imported in _imports_and_submodules(path)]
+    return seen
+
+
+def _model_imports(module: str) -> list[str]:
+    """Where ``module``, directly or through first-party modules it reaches, imports torch or transformers."""
+    found = []
+    for name in _reached(module):
+        path = _source(name)
+        assert path is not None
+        for line, imported in _imports(path):
+            if imported.split(".")[0] in MODEL_CODE:
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
     return found
 
 
@@ -91,3 +146,49 @@ def test_controller_and_policy_kinds_import_only_the_standard_library(tmp_path):
     planted = tmp_path / "kind.py"
     planted.write_text("from rift_ada.policy_kinds import base\n\ndef f():\n    import numpy\n", encoding="utf-8")
     assert _non_stdlib_imports([planted]) == ["kind.py:4 imports numpy"]
+
+
+def _model_free_offences(path: Path) -> list[tuple[int, str]]:
+    """The imports of ``path`` a model-free module must not have (submodules named in ``from m import name`` too)."""
+    offending = []
+    for line, module in _imports_and_submodules(path):
+        if module not in [m for _, m in _imports(path)] and _source(module) is None:
+            continue  # ``from m import name``: a name, not a module
+        model = module.split(".")[0] in MODEL_CODE
+        collectors = module.startswith("rift_ada.collectors") and module not in TRACE_MODULES
+        if model or collectors or module.startswith("rift_ada.experiments"):
+            offending.append((line, module))
+    return offending
+
+
+def test_calibrate_imports_no_model_code():
+    """calibrate/ is model-free: no torch or transformers, no collectors module but the trace hand-over, no
+    experiments, and none of these reached through the first-party modules it does import."""
+    offending = []
+    for path in sorted((ROOT / "calibrate").rglob("*.py")):
+        offending += [f"{path.relative_to(ROOT)}:{n} imports {module}" for n, module in _model_free_offences(path)]
+        module = "rift_ada.calibrate" + ("" if path.stem == "__init__" else f".{path.stem}")
+        offending += [f"{module} reaches {found}" for found in _model_imports(module)]
+    assert not offending, "model code in calibrate/:\n" + "\n".join(offending)
+
+
+def test_the_model_scan_follows_first_party_imports(tmp_path):
+    """The scan reaches torch through a first-party module: the closed loop's collectors and the bench do."""
+    assert _source("rift_ada.collectors.trace_io") == ROOT / "collectors" / "trace_io.py"
+    assert _source("rift_ada.experiments") == ROOT / "experiments" / "__init__.py"
+    assert _source("numpy") is None and _source("rift_ada.no_such_module") is None
+    assert any("rift_ada/speculative.py" in line for line in _model_imports("rift_ada.collectors.collect"))
+    assert _model_imports("rift_ada.experiments.bench")  # experiments may run models
+    assert "rift_ada.collectors.probe_traces" in _reached("rift_ada.calibrate.splits")
+    assert not _model_imports("rift_ada.controller")
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from rift_ada import speculative\n    return speculative\n", encoding="utf-8")
+    assert (2, "rift_ada.speculative") in _imports_and_submodules(lazy)
+    assert _model_imports("rift_ada.speculative")
+    imports = tmp_path / "imports.py"
+    imports.write_text(
+        "from rift_ada.collectors import collect\nfrom rift_ada.collectors.trace_io import read_manifest\n"
+        "from rift_ada.collectors.probe_traces import ProbeTraces\nimport torch.nn\n",
+        encoding="utf-8",
+    )
+    assert _model_free_offences(imports) == [(4, "torch.nn"), (1, "rift_ada.collectors.collect")]

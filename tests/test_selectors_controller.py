@@ -46,8 +46,8 @@ def test_an_unknown_scorer_is_refused_by_validator_and_schema() -> None:
 
 
 def test_bench_cells_of_another_scorer_are_not_read_back_and_default_cells_still_match() -> None:
-    from rift_ada.calibrate.bench import _cell_fingerprint, bench_size, same_cell
     from rift_ada.calibrate.splits import CalibrationError
+    from rift_ada.experiments.bench import _cell_fingerprint, bench_size, same_cell
 
     default = _cell_fingerprint(bench_size("tiny"), 0.0, 96, 0, "m", "d")
     assert "scorer" not in default["size"]  # cells written before scorers were selectable match
@@ -62,7 +62,7 @@ def test_bench_cells_of_another_scorer_are_not_read_back_and_default_cells_still
 def test_generated_selectors_section_survives_rewrites_of_the_results_page(tmp_path: Path) -> None:
     import importlib.util
 
-    from rift_ada.calibrate.bench_report import kept_sections
+    from rift_ada.experiments.bench_report import kept_sections
 
     spec = importlib.util.spec_from_file_location(
         "table2_selectors", Path(__file__).parents[1] / "benchmarks" / "table2_selectors.py"

@@ -115,8 +115,8 @@ def test_closed_loop_by_position_with_variable_output_lengths(tmp_path: Path):
     import torch
     from tiny_models import VOCAB
 
-    from rift_ada.calibrate.bench import closed_by_position
     from rift_ada.collectors.collect import CollectSettings, closed_results, collect_closed
+    from rift_ada.experiments.bench import closed_by_position
 
     model = tiny_model("llama", seed=4)
     requests, targets = [], []
@@ -235,9 +235,9 @@ def test_precheck_headroom_by_position_and_retained_mass_match_a_hand_count():
 
 
 def test_precheck_report_section_shows_the_numbers_before_calibration_results():
-    from rift_ada.calibrate.bench_report import precheck_overview, precheck_section
     from rift_ada.calibrate.export import json_safe
     from rift_ada.calibrate.precheck import PreCheck
+    from rift_ada.experiments.bench_report import precheck_overview, precheck_section
 
     check = json_safe(PreCheck(intervals=(16,), position_bin=32, resamples=200).run(_staleness_traces()))
     cell = {"tag": "T0 B128", "temperature": 0.0, "budget": 128, "precheck": check}
@@ -255,9 +255,9 @@ def test_precheck_report_section_shows_the_numbers_before_calibration_results():
 
 
 def test_bench_target_workload_reports_eos_lengths_and_loops_and_the_report_says_what_size_decides():
-    from rift_ada.calibrate.bench import bench_size, target_workload
-    from rift_ada.calibrate.bench_report import size_caveat, targets_lines
     from rift_ada.calibrate.splits import CalibrationError
+    from rift_ada.experiments.bench import bench_size, target_workload
+    from rift_ada.experiments.bench_report import size_caveat, targets_lines
 
     rows = [
         {"request_id": "loop", "response_token_ids": [5, 6, 7, 8] * 10},  # 40 tokens, hit the cap

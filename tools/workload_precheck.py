@@ -20,9 +20,9 @@ import torch
 
 
 def targets(temperature: float, n: int, cap: int, min_isl: int, max_isl: int, out: str) -> None:
-    from rift_ada.calibrate.bench import bench_size, select_requests
     from rift_ada.collectors.loops import repeated_ngram_share
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
+    from rift_ada.experiments.bench import bench_size, select_requests
 
     pair = load_pair("smollm2-135m")
     size = replace(bench_size("small", n_requests=n, max_isl=max_isl), min_isl=min_isl)

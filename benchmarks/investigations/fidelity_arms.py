@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from rift_ada.calibrate.fidelity import fidelity_policies, fidelity_rows, read_fidelity_case
 from rift_ada.collectors.collect import closed_results
 from rift_ada.collectors.trace_io import read_probe_traces
+from rift_ada.experiments.fidelity import fidelity_policies, fidelity_rows, read_fidelity_case
 
 
 def main(argv: list[str] | None = None) -> int:

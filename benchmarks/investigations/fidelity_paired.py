@@ -37,9 +37,9 @@ import numpy as np
 
 def main(argv: list[str] | None = None) -> int:
     from rift_ada.atomic import atomic_write_json, json_safe
-    from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.probe import probe_request
+    from rift_ada.experiments.fidelity import reopen_fidelity
     from rift_ada.memory import cap_heap_growth
     from rift_ada.policies.replay import replay
 

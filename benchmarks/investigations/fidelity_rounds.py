@@ -39,8 +39,8 @@ def predicted_al(outcome: np.ndarray, start: int, osl: int, k: int, sampled: boo
 
 def collect_more(run: Path, closed: str, specs: list[str]) -> None:
     """Run the closed loop of the run's requests, settings and seeds for more policies, into ``run/closed``."""
-    from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import collect_closed
+    from rift_ada.experiments.fidelity import reopen_fidelity
 
     case, _, setup = reopen_fidelity(run)
     collect_closed(

@@ -25,9 +25,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rift_ada.calibrate.fidelity import reopen_fidelity
     from rift_ada.collectors.collect import resolve_closed_policy
     from rift_ada.collectors.probe import probe_request
+    from rift_ada.experiments.fidelity import reopen_fidelity
     from rift_ada.memory import cap_heap_growth
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -9,7 +9,9 @@ target responses: exact at T = 0, and at T > 0 distributed as free-running rejec
 free-running loop follows given its text) while every policy runs on the same text, so the
 paired differences carry no text-to-text noise. ``free_running=True`` runs real rejection sampling
 instead (each policy commits its own text). The verdict and its paired-bootstrap CIs then come
-from the closed-loop per-request totals; replay's figures stay beside them.
+from the closed-loop per-request totals; replay's figures stay beside them. The result, a
+:class:`~rift_ada.calibrate.closed_loop.ClosedConfirmation`, joins the calibration's files through
+the model-free :func:`~rift_ada.calibrate.closed_loop.attach_closed_confirmation`.
 
 No model code is imported at import time: :func:`confirm_closed` receives loaded models, and
 :func:`confirm_closed_from_traces` (the CLI's entry) imports the loaders when called.
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rift_ada.atomic import atomic_write_json, canonical_json, json_safe
+from rift_ada.atomic import json_safe
+from rift_ada.calibrate.closed_loop import ClosedConfirmation, attach_closed_confirmation
 from rift_ada.calibrate.export import export_controller
 from rift_ada.calibrate.pipeline import (
     ROLE_CHOSEN,
@@ -34,74 +36,12 @@ from rift_ada.calibrate.pipeline import (
     _comparison,
     verdict,
 )
-from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.throughput import CLOSED_BATCH
 
-__all__ = [
-    "ClosedConfirmation",
-    "attach_closed_confirmation",
-    "confirm_closed",
-    "confirm_closed_from_traces",
-    "curve_intervals",
-]
+__all__ = ["confirm_closed", "confirm_closed_from_traces", "settings_from_manifest"]
 
 CONFIRM_MODES: tuple[str, ...] = ("replay", "closed")
-
-
-@dataclass
-class ClosedConfirmation:
-    """Closed-loop confirmation of one calibration (per policy: closed-loop and replay figures)."""
-
-    run_dir: str
-    free_running: bool
-    request_ids: list[str]
-    policies: dict[str, dict[str, Any]]  # replay label -> role, closed-loop label, closed, replay
-    comparisons: list[dict[str, Any]]
-    verdict: dict[str, Any]
-    replay_verdict: dict[str, Any]
-    seed: int
-    n_resamples: int
-    notes: list[str] = field(default_factory=list)
-    curve: dict[str, Any] | None = None  # the pre-registered curve verdict (CurveVerdict.to_dict())
-
-    @property
-    def gain(self) -> bool:
-        return bool(self.verdict["gain"])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_dir": self.run_dir,
-            "free_running": self.free_running,
-            "n_requests": len(self.request_ids),
-            "request_ids": list(self.request_ids),
-            "policies": self.policies,
-            "comparisons": self.comparisons,
-            "verdict": self.verdict,
-            "replay_verdict": self.replay_verdict,
-            "seed": self.seed,
-            "n_resamples": self.n_resamples,
-            "notes": list(self.notes),
-            "curve": self.curve,
-        }
-
-
-def curve_intervals(rate_per_1k: float, longest: int, *, shortest: int = 8, per_side: int = 2) -> list[int]:
-    """Periodic intervals bracketing a refresh rate: ``per_side`` denser and sparser ones from the doubling
-    ladder ``shortest``, 2 x ``shortest``, ... up to ``longest`` (plus ``longest`` itself), more on one side
-    when the other runs out, so that 2 x ``per_side`` intervals run whenever the ladder has them."""
-    ladder = []
-    step = shortest
-    while step < longest:
-        ladder.append(step)
-        step *= 2
-    ladder.append(longest)
-    matched = 1000.0 / rate_per_1k if rate_per_1k > 0 else float("inf")
-    denser = [d for d in ladder if d <= matched]
-    sparser = [d for d in ladder if d > matched]
-    take_dense = min(len(denser), max(per_side, 2 * per_side - len(sparser)))
-    take_sparse = min(len(sparser), 2 * per_side - take_dense)
-    return sorted(denser[len(denser) - take_dense :] + sparser[:take_sparse])
 
 
 def _set_aside_if_stale(run_dir: Path, specs: Sequence[str], settings: Any) -> None:
@@ -299,45 +239,6 @@ def confirm_closed(
         seed=seed,
         n_resamples=resamples,
     )
-
-
-def attach_closed_confirmation(calibration_dir: str | Path, confirmation: ClosedConfirmation) -> dict[str, Any]:
-    """Make the closed-loop verdict the calibration's verdict (replay's kept beside it).
-
-    Rewrites ``calibration.json``, the report and the provenance of ``controller.json`` in
-    ``calibration_dir``; returns the updated calibration dict.
-    """
-    folder = Path(calibration_dir)
-    calibration = json.loads((folder / "calibration.json").read_text(encoding="utf-8"))
-    conf = calibration["confirmation"]
-    conf.setdefault("replay_verdict", conf["verdict"])  # attaching twice keeps replay's own verdict
-    conf["closed_loop"] = confirmation.to_dict()
-    conf["verdict"] = confirmation.verdict
-    atomic_write_json(folder / "calibration.json", calibration)
-    controller_path = folder / calibration.get("controller", "controller.json")
-    if controller_path.exists():
-        controller = json.loads(controller_path.read_text(encoding="utf-8"))
-        provenance = controller.setdefault("calibration", {}).setdefault("confirmation", {})
-        provenance["closed_loop"] = {
-            "comparisons": confirmation.comparisons,
-            "margin": confirmation.verdict["margin"],
-            "gain": confirmation.gain,
-            "free_running": confirmation.free_running,
-            "n_requests": len(confirmation.request_ids),
-        }
-        if confirmation.curve is not None:  # the pre-registered curve verdict, in brief
-            gap = confirmation.curve["gap"]
-            provenance["closed_loop"]["curve"] = {
-                "outcome": confirmation.curve["outcome"],
-                "al_gain": gap["al_gain"],
-                "refresh_reduction": gap["refresh_reduction"],
-                "curve": [point["label"] for point in gap["curve"]],
-            }
-        provenance["gain"] = confirmation.gain
-        provenance["source"] = "closed loop"
-        export_controller(controller, controller_path)
-    write_report(json.loads(canonical_json(calibration)), folder)
-    return calibration
 
 
 def settings_from_manifest(manifest: Mapping[str, Any]) -> Any:

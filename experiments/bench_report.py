@@ -70,7 +70,7 @@ def plot_staleness(run: dict[str, Any], path: Path) -> None:
 
 
 def _table_order(cell: dict[str, Any]) -> list[tuple[str, str]]:
-    from rift_ada.calibrate.bench import TABLE_BASELINES
+    from rift_ada.experiments.bench import TABLE_BASELINES
 
     rows = [(label, spec) for label, spec in TABLE_BASELINES if spec != "full"]
     rows += [(f"RIFT-dyn Δ = {d}", periodic_label(d)) for d in cell["fingerprint"]["size"]["table_intervals"]]

@@ -55,9 +55,10 @@ def engine_controller(
     stages: Any,
 ) -> dict[str, Any]:
     """The engine controller of one finished bench cell (see the module docstring); returns its summary."""
-    from rift_ada.calibrate import bench
-    from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed
+    from rift_ada.calibrate.closed_loop import attach_closed_confirmation
     from rift_ada.collectors.trace_io import read_probe_traces
+    from rift_ada.experiments import bench
+    from rift_ada.experiments.confirm import confirm_closed
 
     done = finished_engine_controller(folder, cell)
     if done is not None:

@@ -3,10 +3,10 @@
 Per temperature: target responses (once, shared by every budget). Per (temperature, budget) cell:
 probe traces -> calibration (Optuna over replay, splits calibration / selection / confirmation)
 -> the closed loop on the confirmation split: the calibrated controller, the periodic reference,
-periodic refresh at the controller's own rate (the CI'd comparisons, :mod:`rift_ada.calibrate.confirm`)
+periodic refresh at the controller's own rate (the CI'd comparisons, :mod:`rift_ada.experiments.confirm`)
 and every Table 1 method -> replay fidelity, staleness curve, the hindsight oracle's frontier and
 the share of its refresh saving the controller captures. ``bench.json`` holds every figure;
-``report.md`` is rendered from it alone (:mod:`rift_ada.calibrate.bench_report`).
+``report.md`` is rendered from it alone (:mod:`rift_ada.experiments.bench_report`).
 
 Resumable: targets, probe and closed-loop runs continue from their committed parts; a finished
 cell is kept in ``<cell>/cell.json`` and read back; an unfinished calibration starts over (it is
@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 
 from rift_ada.atomic import atomic_write_json, json_safe
-from rift_ada.calibrate.bench_report import write_bench_report
-from rift_ada.calibrate.confirm import attach_closed_confirmation, confirm_closed, curve_intervals
-from rift_ada.calibrate.curve import preregister
-from rift_ada.calibrate.evaluation import evaluate_run
+from rift_ada.calibrate.closed_loop import attach_closed_confirmation
+from rift_ada.calibrate.curve import curve_intervals, preregister
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+from rift_ada.experiments.bench_report import write_bench_report
+from rift_ada.experiments.confirm import confirm_closed
+from rift_ada.experiments.evaluation import evaluate_run
 from rift_ada.policy_spec import periodic_label
 from rift_ada.scorers.registry import SCORER_NAMES
 from rift_ada.throughput import CLOSED_BATCH
@@ -779,7 +780,7 @@ def run_bench(
 
     A second run on the same ``out_dir`` while this one lives is refused (``LeaseHeldError``).
     ``engine_controllers``: per cell whose best controller reads ``query_drift``, also calibrate and
-    confirm one without it (:mod:`rift_ada.calibrate.engine_controller`), kept as the cell's
+    confirm one without it (:mod:`rift_ada.experiments.engine_controller`), kept as the cell's
     ``engine_controller``."""
     from rift_ada.collectors.lease import run_lock
 
@@ -845,7 +846,7 @@ def _run_bench(
                 budget=budget, seed=seed, dataset=dataset, stages=stages, targets_manifest=provenance,
                 extra_requests=cell_extra, register=registry.register,
             )  # fmt: skip
-            from rift_ada.calibrate.engine_controller import engine_controller, finished_engine_controller
+            from rift_ada.experiments.engine_controller import engine_controller, finished_engine_controller
 
             if engine_controllers:
                 cell["engine_controller"] = engine_controller(
@@ -918,8 +919,8 @@ class _Registry:
 def export_controllers(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Copy every cell's calibrated controller (closed-loop provenance included) to ``out_dir/<name>.json``,
     and beside it the cell's engine controller (no ``query_drift``) where the bench made one."""
-    from rift_ada.calibrate.engine_controller import needs_engine_controller
     from rift_ada.calibrate.export import export_controller
+    from rift_ada.experiments.engine_controller import needs_engine_controller
 
     folder = Path(out_dir)
     written = []
