@@ -12,7 +12,7 @@ from rich.text import Text
 from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
 
-BenchSizeName = Literal["tiny", "small", "full"]  # the keys of calibrate.bench.BENCH_SIZES (a test keeps them equal)
+BenchSizeName = Literal["tiny", "small", "full"]  # the keys of experiments.bench.BENCH_SIZES (a test keeps them equal)
 OUT_HELP = "Run directory (re-running continues where it stopped)."
 
 
