@@ -7,6 +7,7 @@ a layer (policies/score.py once imported calibrate/grids for its walks) fails he
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -25,9 +26,14 @@ def _layer_of(module: str) -> int | None:
     return LAYERS.get(parts[1], 0) if len(parts) > 1 else 0
 
 
+@functools.cache
+def _parse(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
@@ -38,7 +44,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def _imports_and_submodules(path: Path) -> list[tuple[int, str]]:
     """:func:`_imports` plus ``m.name`` for every ``from m import name`` (``from rift_ada import speculative``)."""
     found = _imports(path)
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
