@@ -25,9 +25,11 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# One pytest worker per core (one torch thread each, tests/conftest.py); whole files go to one worker so a
+# module's fixtures are built once. `$(PY) -m pytest tests` (one process) runs the same tests.
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n auto --dist loadfile tests
 
 demo: $(STAMP)
 	$(VENV)/bin/rift-ada demo $(DEMO_ARGS)

@@ -5,6 +5,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one torch thread each, as
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # two threads per worker would oversubscribe the cores
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # (set before torch is imported; subprocesses inherit it)
 sys.path.insert(0, str(Path(__file__).parent))
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
