@@ -180,7 +180,8 @@ def _text(path: Path, out: Path) -> str:
 
 # Wall times, timestamps and the command line differ between any two runs, interrupted or not; so do the
 # hashes of a trace manifest (it records its creation time, the run's paths and command line).
-TIMES = frozenset({"created", "wall_s", "timings", "seconds", "seconds_this_session", "command", "command_line"})
+TIMES = frozenset({"created", "wall_s", "timings", "seconds", "seconds_this_session", "command", "command_line",
+                   "timings_total", "wall_total_s", "invocations", "untimed_before"})  # bench.json: per run, summed
 HASHES = frozenset({"manifest_hash", "manifest_json_sha256"})
 # Optuna's trial numbers: a trial failed by a fault keeps its number and its re-run takes a new one, so the same
 # trial (same slot label, parameters and values) has a larger number after a fault.

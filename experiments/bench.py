@@ -208,6 +208,7 @@ class _Stages:
     progress: Progress
     token_progress: TokenProgress | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    ledger: _TimeLedger | None = None  # every invocation's stage times (timings: this invocation's)
 
     def counter(self, stage: str, total: int) -> Callable[[str, int], None]:
         done = [0]
@@ -230,6 +231,50 @@ class _Stages:
 
     def timed(self, stage: str, seconds: float) -> None:
         self.timings[stage] = round(self.timings.get(stage, 0.0) + seconds, 1)
+        if self.ledger is not None:
+            self.ledger.add(stage, seconds)
+
+
+@dataclass
+class _TimeLedger:
+    """Stage times summed over every invocation of a run (``timings.json``, rewritten as each stage finishes),
+    so a run finished by a resumed invocation still reports what its interrupted ones spent."""
+
+    path: Path
+    stages: dict[str, float] = field(default_factory=dict)
+    invocations: list[dict[str, Any]] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+    untimed_before: bool = False  # the run had work from invocations that predate its ledger (not counted)
+
+    @classmethod
+    def open(cls, path: Path) -> _TimeLedger:
+        ledger = cls(path)
+        if path.exists():
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                ledger.stages = {str(k): float(v) for k, v in stored.get("stages", {}).items()}
+                ledger.invocations = [dict(entry) for entry in stored.get("invocations", [])]
+                ledger.untimed_before = bool(stored.get("untimed_before", False))
+            except (OSError, ValueError, AttributeError, TypeError):
+                pass  # unreadable: start a new ledger (times are reported, never used to decide)
+        else:  # a run begun before bench kept this ledger: its earlier invocations' times are unknown
+            ledger.untimed_before = (path.parent / "bench.json").exists() or any(path.parent.glob("T*/targets*"))
+        ledger.invocations.append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "wall_s": 0.0})
+        return ledger
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = round(self.stages.get(stage, 0.0) + seconds, 1)
+        self.write()
+
+    def write(self) -> None:
+        """Record this invocation's wall time so far (an interrupted one keeps it up to its last finished stage)."""
+        self.invocations[-1]["wall_s"] = round(time.monotonic() - self.began, 1)
+        record = {"stages": self.stages, "invocations": self.invocations, "untimed_before": self.untimed_before}
+        atomic_write_json(self.path, record)
+
+    @property
+    def wall_s(self) -> float:
+        return round(sum(float(entry.get("wall_s", 0.0)) for entry in self.invocations), 1)
 
 
 def select_requests(requests: Sequence[Any], size: BenchSize) -> list[Any]:
@@ -802,7 +847,8 @@ def _run_bench(
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
     from rift_ada.collectors.targets_io import targets_provenance
 
-    stages = _Stages(progress or (lambda stage, done, total: None), token_progress)
+    stages = _Stages(progress or (lambda stage, done, total: None), token_progress,
+                     ledger=_TimeLedger.open(out / "timings.json"))  # fmt: skip
     started = time.monotonic()
     stages.progress("load model", 0, 1)
     pair = load_pair(model, device=device, dtype=dtype)
@@ -877,6 +923,7 @@ def _run_bench(
         "cells": cells,
         "timings": dict(stages.timings),
         "wall_s": round(time.monotonic() - started, 1),
+        **_ledger_summary(stages.ledger),
         "command": command,
         "source_commit": _source_commit(),
     }
@@ -884,6 +931,15 @@ def _run_bench(
     atomic_write_json(out / "bench.json", summary)
     report_path = write_bench_report(summary, out)
     return {"report": str(report_path), "controllers": controllers, "bench": summary}
+
+
+def _ledger_summary(ledger: _TimeLedger | None) -> dict[str, Any]:
+    """bench.json's times over every invocation of the run (``timings``/``wall_s``: the last invocation's)."""
+    if ledger is None:
+        return {}
+    ledger.write()
+    totals = {"timings_total": dict(ledger.stages), "invocations": list(ledger.invocations)}
+    return totals | {"wall_total_s": ledger.wall_s, "untimed_before": ledger.untimed_before}
 
 
 class _Registry:

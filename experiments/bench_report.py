@@ -502,7 +502,7 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
             f"Splits (calibration / selection / confirmation): {cell['split_sizes']}. Reference: {cell['reference']}.",
             "",
             *precheck_section(cell),
-            f"### Table 1 (closed loop, {n_table} confirmation requests)",
+            f"### Table 1 (closed loop, {n_table} confirmation request{'s' if n_table != 1 else ''})",
             "",
             "| method | AL | % of full | refreshes / 1K |",
             "|---|---|---|---|",
@@ -573,11 +573,24 @@ def render_bench_markdown(summary: dict[str, Any], *, images: str = ".") -> str:
         "",
         "What would change the outcome: more staleness (longer outputs relative to the budget, prompts whose answer "
         "moves through the input), signals that rank decision points (see the score weights above), and more "
-        "confirmation requests (narrower intervals). SmolLM2-135M is a full-attention model, where the paper itself "
-        "finds prefill selection holds up better than on hybrid drafts.",
+        "confirmation requests (narrower intervals)." + _architecture_note(str(summary.get("model", ""))),
         "",
     ]
     return "\n".join(lines)
+
+
+def _architecture_note(model: str) -> str:
+    """What the draft's attention layout means for staleness (paper §3), for a preset; nothing for other models."""
+    from rift_ada.models import PRESETS
+
+    preset = PRESETS.get(model)
+    if preset is None:
+        return ""
+    if "full attention)" in preset.architecture and "hybrid" not in preset.architecture:
+        return (f" {model} is a full-attention model ({preset.architecture}), where the paper itself finds prefill "
+                "selection holds up better than on hybrid drafts.")  # fmt: skip
+    return (f" {model} is a hybrid draft ({preset.architecture}): the budget applies to its full-attention layers "
+            "only, the kind of draft on which the paper finds decode staleness worst.")  # fmt: skip
 
 
 def write_bench_report(summary: dict[str, Any], out_dir: str | Path) -> Path:
@@ -594,7 +607,10 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
     import torch
 
     timings = summary.get("timings", {})
-    stage_lines = [f"| {stage} | {seconds / 60:.1f} |" for stage, seconds in timings.items()]
+    totals = summary.get("timings_total", timings)  # every invocation's (bench.json before 2026-12-02: the last's)
+    stage_lines = [f"| {stage} | {seconds / 60:.1f} | {timings.get(stage, 0.0) / 60:.1f} |"
+                   for stage, seconds in totals.items()]  # fmt: skip
+    invocations = summary.get("invocations") or [{"wall_s": summary["wall_s"]}]
     header = [
         "# Results",
         "",
@@ -606,11 +622,14 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} on "
         f"{summary['device']} with {torch.get_num_threads()} thread(s); {platform.python_implementation()} "
         f"{platform.python_version()}",
-        f"- Wall time of the invocation that finished the run: {summary['wall_s'] / 60:.1f} min "
-        "(stages done by an earlier, interrupted invocation are read back, not re-timed)",
+        f"- Wall time: {summary.get('wall_total_s', summary['wall_s']) / 60:.1f} min over {len(invocations)} "
+        f"invocation(s) of the command (an interrupted one counted up to its last finished stage); "
+        f"{summary['wall_s'] / 60:.1f} min in the one that finished the run"
+        + ("; invocations before the run kept its time ledger (`timings.json`) are not counted"
+           if summary.get("untimed_before") else ""),  # fmt: skip
         "",
-        "| stage (this invocation) | minutes |",
-        "|---|---|",
+        "| stage | minutes, every invocation | minutes, the last invocation |",
+        "|---|---|---|",
         *stage_lines,
         "",
     ]

@@ -144,6 +144,11 @@ def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir,
         run_bench(out, size="tiny", model=str(tiny_model_dir), progress=stop_at("T1 B96 closed loop", 1))
     assert (out / "T0" / "B96" / "cell.json").exists() and not (out / "T1" / "B96" / "cell.json").exists()
     run_bench(out, size="tiny", model=str(tiny_model_dir))
+    times = json.loads((out / "bench.json").read_text())
+    assert len(times["invocations"]) == 3  # two interrupted, one that finished: each one's time is kept
+    assert times["untimed_before"] is False
+    assert "T0 B96 probe" not in times["timings"] and times["timings_total"]["T0 B96 probe"] > 0  # the first's
+    assert times["wall_total_s"] >= times["wall_s"] + times["timings_total"]["T0 B96 probe"] - 0.2
     # the CLI run also made engine controllers (--export-controllers): their sections are its only extra text
     engine_sections = re.compile(r"### The engine controller.*?\n\n(?=### )", re.S)
     assert (out / "report.md").read_text() == engine_sections.sub("", (bench_dir / "report.md").read_text())
@@ -209,6 +214,7 @@ def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished
     def snapshot(pattern: str) -> dict[str, int]:
         return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.glob(pattern)) if p.is_file()}
 
+    (out / "timings.json").unlink()  # as a run begun before bench kept its time ledger
     probe, calibration, closed = snapshot("T*/B*/probe/**/*"), snapshot("T*/B*/calibration/study.db"), snapshot(
         "T*/B*/confirm/closed/**/*.parquet"
     )
@@ -233,6 +239,7 @@ def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished
     assert all(after_closed.get(path) == mtime for path, mtime in closed.items())  # finished requests kept
     assert len(after_closed) > len(closed)  # the new request's parts
     summary = json.loads((out / "bench.json").read_text())
+    assert summary["untimed_before"] is True and len(summary["invocations"]) == 1  # the earlier one is unknown
     from rift_ada.collectors.collect import closed_results
     from rift_ada.collectors.targets_io import read_targets
 
@@ -257,3 +264,12 @@ def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished
         history = summary["preregistrations"][tag]
         assert [entry["confirmation_requests"] for entry in history] == [len(old["confirmation_ids"]),
                                                                          len(old["confirmation_ids"]) + 1]  # fmt: skip
+
+
+def test_the_report_names_the_drafts_attention_layout_from_its_preset():
+    from rift_ada.experiments.bench_report import _architecture_note
+
+    assert "full-attention model" in _architecture_note("smollm2-135m")
+    gemma = _architecture_note("gemma3-270m")
+    assert "hybrid draft" in gemma and "3 full attention" in gemma and "full-attention model" not in gemma
+    assert _architecture_note("/some/local/model") == ""
