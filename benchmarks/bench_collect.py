@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 
     arm_ages = tuple(int(x) for x in args.arm_ages.split(",")) if args.arm_ages else DEFAULT_ARM_AGES
-    from rift_ada.collectors.targets import generate_response
+    from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.models import load_model, resolve_preset
     from rift_ada.speculative import _forward, speculative_generate
 

@@ -26,7 +26,7 @@ import torch
 def measure(preset: str, args: argparse.Namespace) -> dict[str, float]:
     from rift_ada.budget import make_policy
     from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
-    from rift_ada.collectors.targets import ResponseRequest, generate_responses
+    from rift_ada.collectors.targets.generate import ResponseRequest, generate_responses
     from rift_ada.models import load_model, resolve_preset
     from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate_batch
 

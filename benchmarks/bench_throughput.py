@@ -170,7 +170,11 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
 # ---- the worker: one model, cells on request -------------------------------------------------------
 def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]] | None):
     from rift_ada.budget import make_policy
-    from rift_ada.collectors.targets import ResponseRequest, generate_responses
+
+    try:
+        from rift_ada.collectors.targets.generate import ResponseRequest, generate_responses
+    except ImportError:  # an --against tree from before collectors/targets/ (2026-12-02)
+        from rift_ada.collectors.targets import ResponseRequest, generate_responses  # type: ignore[no-redef]
 
     stage, batch, budget, tokens = job["stage"], job["batch"], job["budget"], job["tokens"]
     chosen = prompts[:batch]
@@ -286,7 +290,10 @@ def worker(args: argparse.Namespace) -> int:
 
     cap_heap_growth()
     import rift_ada.collectors.probe  # noqa: F401  (every module now: later edits of the tree don't leak in)
-    import rift_ada.collectors.targets  # noqa: F401
+    try:
+        import rift_ada.collectors.targets.generate  # noqa: F401
+    except ImportError:  # an --against tree from before collectors/targets/
+        import rift_ada.collectors.targets  # noqa: F401
     import rift_ada.speculative  # noqa: F401
 
     model, tokenizer = load(args)

@@ -108,7 +108,7 @@ def compare(args: argparse.Namespace, model_name: str) -> list[dict[str, object]
     from rift_ada.budget import make_policy
     from rift_ada.collectors import probe as current
     from rift_ada.collectors.datasets import encode_prompt, load_dataset
-    from rift_ada.collectors.targets import generate_response
+    from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.memory import cap_heap_growth
     from rift_ada.models import load_model, resolve_preset
 

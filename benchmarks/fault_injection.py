@@ -191,7 +191,7 @@ SOURCE = frozenset({"source_commit"})
 
 
 def compare_targets(out: Path, reference: Path) -> list[str]:
-    from rift_ada.collectors.targets_io import read_targets
+    from rift_ada.collectors.targets.files import read_targets
 
     return [] if read_targets(out / "targets.parquet") == read_targets(reference / "targets.parquet") else ["rows"]
 

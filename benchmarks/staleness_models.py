@@ -75,7 +75,7 @@ def run_model(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
     from rift_ada.collectors.loops import repeated_ngram_share
-    from rift_ada.collectors.targets import generate_response
+    from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.models import load_model, resolve_preset
     from rift_ada.speculative import BatchRequest, speculative_generate_batch
 

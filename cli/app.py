@@ -238,7 +238,7 @@ def targets(
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
     if import_file is not None:
-        from rift_ada.collectors.targets_io import import_targets, write_targets
+        from rift_ada.collectors.targets.files import import_targets, write_targets
         from rift_ada.models import load_tokenizer
 
         tokenizer = load_tokenizer(preset.draft)
@@ -251,7 +251,7 @@ def targets(
         pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
         requests = load_requests(dataset, pair.tokenizer, limit=limit)
         if shard is not None and not out.exists():
-            from rift_ada.collectors.targets_store import generate_targets_resumable
+            from rift_ada.collectors.targets.store import generate_targets_resumable
 
             with progress_reporter() as progress:
                 done = generate_targets_resumable(
@@ -386,7 +386,7 @@ def collect(
     if targets_file is not None:
         note_output(targets_file, "--targets")  # generated there when absent
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests, run_collection
-    from rift_ada.collectors.targets_io import targets_provenance
+    from rift_ada.collectors.targets.files import targets_provenance
 
     pair = load_pair(model, device=device, device_map=device_map, dtype=dtype)
     requests = load_requests(dataset, pair.tokenizer, limit=limit)

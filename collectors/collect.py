@@ -19,8 +19,8 @@ from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.collectors.datasets import Request, encode_prompt
 from rift_ada.collectors.probe import probe_arms, probe_requests
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
-from rift_ada.collectors.targets import ResponseRequest, generate_responses
-from rift_ada.collectors.targets_io import read_targets, target_row
+from rift_ada.collectors.targets.files import read_targets, target_row
+from rift_ada.collectors.targets.generate import ResponseRequest, generate_responses
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest, shard_requests
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh

@@ -14,8 +14,8 @@ from rift_ada.collectors.collect import (
     collect_probe,
 )
 from rift_ada.collectors.datasets import Request, load_dataset
-from rift_ada.collectors.targets_io import TargetsError, read_targets, targets_differences
-from rift_ada.collectors.targets_store import generate_targets_resumable
+from rift_ada.collectors.targets.files import TargetsError, read_targets, targets_differences
+from rift_ada.collectors.targets.store import generate_targets_resumable
 from rift_ada.collectors.trace_io import parse_shard
 from rift_ada.models import Preset, load_model, resolve_preset
 from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH

@@ -845,7 +845,7 @@ def _run_bench(
     token_progress: TokenProgress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
-    from rift_ada.collectors.targets_io import targets_provenance
+    from rift_ada.collectors.targets.files import targets_provenance
 
     stages = _Stages(progress or (lambda stage, done, total: None), token_progress,
                      ledger=_TimeLedger.open(out / "timings.json"))  # fmt: skip

@@ -288,7 +288,7 @@ def confirm_closed_from_traces(
     """
     from rift_ada.collectors.collect import check_free_running
     from rift_ada.collectors.pipeline import load_pair, load_requests
-    from rift_ada.collectors.targets_io import read_targets
+    from rift_ada.collectors.targets.files import read_targets
     from rift_ada.collectors.trace_io import read_manifest
 
     folder, traces = Path(calibration_dir), Path(traces_dir)

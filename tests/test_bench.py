@@ -241,7 +241,7 @@ def test_more_confirmation_requests_extend_a_finished_run_reusing_every_finished
     summary = json.loads((out / "bench.json").read_text())
     assert summary["untimed_before"] is True and len(summary["invocations"]) == 1  # the earlier one is unknown
     from rift_ada.collectors.collect import closed_results
-    from rift_ada.collectors.targets_io import read_targets
+    from rift_ada.collectors.targets.files import read_targets
 
     for tag, cell in summary["cells"].items():  # the live token counts are the tokens the new request committed
         temperature, budget = tag.split()

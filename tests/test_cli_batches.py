@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rift_ada.cli.app import app
 from rift_ada.collectors.collect import closed_results
-from rift_ada.collectors.targets_io import read_targets
+from rift_ada.collectors.targets.files import read_targets
 from rift_ada.collectors.trace_io import read_tables
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import rift_ada.collectors.pipeline as pipeline
 import rift_ada.models as models
 from rift_ada.cli.app import app
-from rift_ada.collectors.targets_io import read_targets
+from rift_ada.collectors.targets.files import read_targets
 from rift_ada.models import load_model
 
 

@@ -232,7 +232,7 @@ def test_cli_sharded_targets_then_sharded_collect(tiny_model_dir, tmp_path: Path
     last = runner.invoke(app, ["targets", *common, "--out", str(sharded)], env={"SLURM_ARRAY_TASK_ID": "0",
                          "SLURM_ARRAY_TASK_COUNT": "2"})  # fmt: skip
     assert last.exit_code == 0, last.output
-    from rift_ada.collectors.targets_io import read_targets, targets_sha256
+    from rift_ada.collectors.targets.files import read_targets, targets_sha256
 
     assert read_targets(sharded) == read_targets(one_shot)
 

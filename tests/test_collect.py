@@ -25,7 +25,7 @@ from rift_ada.collectors.collect import (
 )
 from rift_ada.collectors.datasets import DatasetError, Request, load_dataset
 from rift_ada.collectors.probe import probe_request
-from rift_ada.collectors.targets import generate_response
+from rift_ada.collectors.targets.generate import generate_response
 from rift_ada.collectors.trace_io import TraceError, read_probe_traces, read_tables, trace_status
 from rift_ada.controller import make_controller_dict
 from rift_ada.policies.replay import replay

@@ -265,7 +265,7 @@ def test_targets_on_a_full_tmpfs_names_the_file_and_resumes(leave, tiny_model_di
         assert not out.exists()
         filler.unlink()
         assert invoke([*arguments, "--out", out]).exit_code == 0
-        from rift_ada.collectors.targets_io import read_targets
+        from rift_ada.collectors.targets.files import read_targets
 
         assert read_targets(out) == read_targets(reference)
 

@@ -9,7 +9,7 @@ import torch
 from gguf_tensors import read_gguf_tensors
 
 from rift_ada.collectors.datasets import encode_prompt
-from rift_ada.collectors.targets import generate_response
+from rift_ada.collectors.targets.generate import generate_response
 from rift_ada.models import (
     CONVERSION_FILE,
     PRESETS,

@@ -14,8 +14,8 @@ from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets
 from rift_ada.collectors.synthetic import synthetic_traces
-from rift_ada.collectors.targets_io import TargetsError, read_targets, read_targets_meta, targets_provenance
-from rift_ada.collectors.targets_store import generate_targets_resumable, parts_dir_of
+from rift_ada.collectors.targets.files import TargetsError, read_targets, read_targets_meta, targets_provenance
+from rift_ada.collectors.targets.store import generate_targets_resumable, parts_dir_of
 from rift_ada.collectors.trace_io import TraceError, TraceWriter, base_manifest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

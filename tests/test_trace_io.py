@@ -13,7 +13,7 @@ import pytest
 from rift_ada.collectors.datasets import Request, encode_prompt
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.synthetic import synthetic_traces
-from rift_ada.collectors.targets_io import (
+from rift_ada.collectors.targets.files import (
     TargetsError,
     import_targets,
     read_targets,

@@ -13,8 +13,8 @@ from tiny_models import tiny_model
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets
 from rift_ada.collectors.probe_traces import ProbeTraces
-from rift_ada.collectors.targets import generate_response
-from rift_ada.collectors.targets_io import TargetsError, read_targets_meta, response_end, targets_provenance
+from rift_ada.collectors.targets.files import TargetsError, read_targets_meta, response_end, targets_provenance
+from rift_ada.collectors.targets.generate import generate_response
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -24,7 +24,7 @@ import torch
 
 from rift_ada.budget import make_policy
 from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
-from rift_ada.collectors.targets import generate_response
+from rift_ada.collectors.targets.generate import generate_response
 from rift_ada.models import load_model, resolve_preset
 from rift_ada.speculative import BatchRequest, speculative_generate_batch
 

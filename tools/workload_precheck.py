@@ -47,7 +47,7 @@ def probe(temperature: float, budgets: list[int], n: int, cap: int, source: str,
     from rift_ada.collectors.collect import CollectSettings
     from rift_ada.collectors.loops import LoopDetector
     from rift_ada.collectors.pipeline import load_pair, load_requests, run_collection
-    from rift_ada.collectors.targets_io import read_targets
+    from rift_ada.collectors.targets.files import read_targets
     from rift_ada.collectors.trace_io import read_probe_traces
 
     pair = load_pair("smollm2-135m")

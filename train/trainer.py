@@ -34,7 +34,7 @@ from rift_ada.atomic import (
 )
 from rift_ada.collectors.lease import run_lock
 from rift_ada.collectors.pipeline import LoadedPair, ensure_targets, load_pair
-from rift_ada.collectors.targets_io import read_targets
+from rift_ada.collectors.targets.files import read_targets
 from rift_ada.collectors.trace_io import package_versions
 from rift_ada.models import TRAINED_DRAFT_FILE
 from rift_ada.train.attention import capture_scores, install_training_attention, masked, restore_attention

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
 
     from rift_ada.budget import make_policy
-    from rift_ada.collectors.targets import ResponseRequest, generate_responses
+    from rift_ada.collectors.targets.generate import ResponseRequest, generate_responses
     from rift_ada.memory import cap_heap_growth
     from rift_ada.models import PRESETS, load_model
     from rift_ada.speculative import (

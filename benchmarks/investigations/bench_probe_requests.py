@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from rift_ada.budget import make_policy
     from rift_ada.collectors.datasets import encode_prompt, load_dataset
     from rift_ada.collectors.probe import probe_requests
-    from rift_ada.collectors.targets import generate_response
+    from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.memory import cap_heap_growth
     from rift_ada.models import PRESETS, load_model
 

@@ -2,7 +2,7 @@
 
 ``generate_targets_resumable(..., shard="i/N")`` writes each finished response at once to
 ``<out>.parts/<request>.parquet`` (atomically: ``collect.generate_target_rows`` then
-``targets_io.write_targets``), skips the ones already there, and, once every request of the run
+``files.write_targets``), skips the ones already there, and, once every request of the run
 has a response (from any shard), writes the single targets file ``<out>`` and removes the parts
 folder. Request k of the run is sampled with seed ``seed + k`` whichever shard runs it, so
 sharded, resumed and one-shot runs give the same rows. ``<out>.parts/settings.json`` pins the
@@ -22,7 +22,7 @@ from typing import Any
 from rift_ada.atomic import atomic_write_text
 from rift_ada.collectors.datasets import Request
 from rift_ada.collectors.lease import LeaseHeldError, ShardLease
-from rift_ada.collectors.targets_io import TargetsError, read_targets, response_end, write_targets
+from rift_ada.collectors.targets.files import TargetsError, read_targets, response_end, write_targets
 from rift_ada.collectors.trace_io import parse_shard, shard_requests
 from rift_ada.throughput import TARGETS_BATCH
 
