@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rift_ada.controller import SIGNAL_NAMES, Controller, Session, make_controller_dict
+from rift_ada.scorers.registry import SCORER_NAMES
 
 __all__ = [
     "OUTPUT_FORMAT",
@@ -149,6 +150,9 @@ def random_controller_dict(seed: int) -> dict[str, Any]:
             "max_age": min_age + rng.choice((32, 128, 384, 768)),
         },
         signals={"acceptance": {"ewma_alpha": _r(rng.uniform(0.1, 1.0)), "rounds": rng.randint(1, 6)}},
+        # every prefill scorer appears across the random controllers (by seed, not drawn: the draws above stay
+        # as they were); decisions do not depend on it, the engine's selection does
+        cache={"scorer": SCORER_NAMES[seed % len(SCORER_NAMES)]},
         calibration={"note": f"random controller for conformance vectors, seed {seed}"},
     )
 

@@ -44,6 +44,14 @@ def test_vectors_cover_every_shipped_controller_and_random_ones() -> None:
     assert sum(name.startswith("random-") for name in names) >= 4
 
 
+def test_vectors_carry_every_prefill_scorer() -> None:
+    """An engine's controller loader meets each scorer of the schema in some vector's controller."""
+    from rift_ada.scorers.registry import SCORER_NAMES
+
+    scorers = {load_vectors(path)[1]["controller"]["cache"]["scorer"] for path in VECTOR_FILES}
+    assert scorers == set(SCORER_NAMES)
+
+
 def test_committed_vectors_regenerate_identically() -> None:
     """`rift-ada conformance write` is deterministic; if this fails after a change to Session's
     signals, regenerate with the command in data/conformance/manifest.json."""
