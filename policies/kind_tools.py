@@ -7,6 +7,7 @@ kinds of :mod:`rift_ada.policy_kinds`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -60,21 +61,25 @@ class LaneParams:
         self.values[:] = [v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for v in self.values]
 
 
-class KindTools:
-    """Replay lanes, search-space suggestion and rendering of one runtime kind (``kind``)."""
+class KindTools(ABC):
+    """Replay lanes, search-space suggestion and rendering of one runtime kind (``kind``).
+
+    Used as a class (its methods are static or class methods); :mod:`rift_ada.policies.kinds` refuses to
+    register one that leaves an abstract method unimplemented.
+    """
 
     kind: ClassVar[type[PolicyKind]]
     searched: ClassVar[bool] = False  # a family of the calibration search (SearchSpace.families)
 
     @staticmethod
+    @abstractmethod
     def skeleton(policy: Any) -> tuple:
         """Structure of a policy without its numbers: policies sharing it are evaluated together."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def lanes(policies: Sequence[Any], lanes_per_policy: int) -> Lanes:
         """Lanes of policies sharing a skeleton (``lanes_per_policy`` consecutive lanes each)."""
-        raise NotImplementedError
 
     @staticmethod
     def oldest_age(policy: Any, schedule: Mapping[str, int]) -> int:
@@ -82,16 +87,16 @@ class KindTools:
         return int(schedule["max_age"])
 
     @staticmethod
+    @abstractmethod
     def render(policy: Any, tree: Tree) -> None:
         """Add the policy's rule lines under ``tree`` (``rift-ada show``)."""
-        raise NotImplementedError
 
     @staticmethod
     def searchable(space: SearchSpace) -> bool:
         """Whether ``space`` holds something to search for this kind."""
         return False
 
-    @staticmethod
-    def suggest(space: SearchSpace, trial: TrialLike) -> dict[str, Any]:
-        """One policy object of this kind sampled from ``space``."""
-        raise NotImplementedError
+    @classmethod
+    def suggest(cls, space: SearchSpace, trial: TrialLike) -> dict[str, Any]:
+        """One policy object of this kind sampled from ``space`` (searched kinds override it)."""
+        raise TypeError(f"policy kind {cls.kind.kind!r} is not a family of the calibration search")

@@ -6,6 +6,8 @@ none of them branches on kind names.
 
 from __future__ import annotations
 
+import inspect
+
 from rift_ada.policies.gate import GateTools
 from rift_ada.policies.kind_tools import KindTools
 from rift_ada.policies.periodic import PeriodicTools
@@ -19,6 +21,9 @@ TOOLS: dict[str, type[KindTools]] = {tools.kind.kind: tools for tools in (Period
 SEARCHED: tuple[str, ...] = tuple(name for name, tools in TOOLS.items() if tools.searched)
 if set(TOOLS) != set(KINDS):
     raise ImportError(f"policy kinds {sorted(KINDS)} and their tools {sorted(TOOLS)} differ: register both")
+_UNFINISHED = {name: sorted(tools.__abstractmethods__) for name, tools in TOOLS.items() if inspect.isabstract(tools)}
+if _UNFINISHED:
+    raise ImportError(f"policy kind tools leave methods unimplemented: {_UNFINISHED}")
 
 
 def tools_of(policy: PolicyKind) -> type[KindTools]:

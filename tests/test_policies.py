@@ -305,3 +305,45 @@ def test_replay_many_handles_mixed_families_and_windows() -> None:
     results = replay_many(traces, specs)
     for spec, result in zip(specs, results, strict=True):
         assert result.al.tolist() == replay(traces, spec).al.tolist()
+
+
+def test_a_kind_or_its_tools_with_a_method_left_out_is_refused() -> None:
+    """The interfaces are abstract: a kind missing its decision cannot be built, tools missing a method are
+    abstract (policies/kinds.py refuses to register them), and an unsearched kind's suggest names itself."""
+    import inspect
+
+    from rift_ada.policies.kind_tools import KindTools
+    from rift_ada.policies.periodic import PeriodicTools
+
+    @dataclasses.dataclass(frozen=True)
+    class NoDecision(PolicyKind):
+        kind = "no-decision"
+
+        @classmethod
+        def from_json(cls, value, path="policy"):  # noqa: ANN001, ANN206
+            return cls._checked()
+
+        def to_json(self) -> dict[str, Any]:
+            return {"kind": self.kind}
+
+        def signals(self) -> frozenset[str]:
+            return frozenset()
+
+    with pytest.raises(TypeError, match="compile"):
+        NoDecision()
+
+    class NoRender(KindTools):
+        kind = Periodic
+
+        @staticmethod
+        def skeleton(policy: Any) -> tuple:
+            return ()
+
+        @staticmethod
+        def lanes(policies: Any, lanes_per_policy: int) -> Any:
+            return None
+
+    assert inspect.isabstract(NoRender) and NoRender.__abstractmethods__ == frozenset({"render"})
+    assert not any(inspect.isabstract(tools) for tools in TOOLS.values())
+    with pytest.raises(TypeError, match="'periodic' is not a family of the calibration search"):
+        PeriodicTools.suggest(None, None)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
@@ -11,7 +12,7 @@ from rift_ada.validation import FiresFn
 __all__ = ["PolicyKind"]
 
 
-class PolicyKind:
+class PolicyKind(ABC):
     """One kind of controller ``policy`` object (``{"kind": ..., ...}``); subclasses are frozen dataclasses.
 
     ``from_json`` is the one validator (it raises :class:`~rift_ada.validation.ControllerError` naming
@@ -32,18 +33,18 @@ class PolicyKind:
         return obj
 
     @classmethod
+    @abstractmethod
     def from_json(cls, value: Mapping[str, Any], path: str = "policy") -> Self:
         """The kind's parameters from a ``policy`` object whose ``kind`` is this kind."""
-        raise NotImplementedError
 
+    @abstractmethod
     def to_json(self) -> dict[str, Any]:
         """The normalised ``policy`` object (``kind`` first; plain JSON types)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def signals(self) -> frozenset[str]:
         """Names of the signals the policy reads."""
-        raise NotImplementedError
 
+    @abstractmethod
     def compile(self) -> FiresFn:
         """The scalar decision ``fires(signals, age) -> bool`` (signals indexed as ``SIGNAL_NAMES``)."""
-        raise NotImplementedError
