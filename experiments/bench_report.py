@@ -586,7 +586,7 @@ def _architecture_note(model: str) -> str:
     preset = PRESETS.get(model)
     if preset is None:
         return ""
-    if "full attention)" in preset.architecture and "hybrid" not in preset.architecture:
+    if preset.full_attention_only:
         return (f" {model} is a full-attention model ({preset.architecture}), where the paper itself finds prefill "
                 "selection holds up better than on hybrid drafts.")  # fmt: skip
     return (f" {model} is a hybrid draft ({preset.architecture}): the budget applies to its full-attention layers "

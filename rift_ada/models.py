@@ -61,6 +61,11 @@ class Preset:
     def target_name(self) -> str:
         return self.target or self.draft
 
+    @property
+    def full_attention_only(self) -> bool:
+        """Every layer attends to the whole context (else hybrid: linear, SSM or sliding-window layers beside)."""
+        return self.architecture.endswith("(full attention)")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -272,4 +272,5 @@ def test_the_report_names_the_drafts_attention_layout_from_its_preset():
     assert "full-attention model" in _architecture_note("smollm2-135m")
     gemma = _architecture_note("gemma3-270m")
     assert "hybrid draft" in gemma and "3 full attention" in gemma and "full-attention model" not in gemma
+    assert "hybrid draft" in _architecture_note("gpt-oss-20b")  # built-in sliding-window layers beside full ones
     assert _architecture_note("/some/local/model") == ""
