@@ -38,9 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _quick import tiny_model  # noqa: E402
-
 CLI = [sys.executable, "-m", "rift_ada.cli.app"]
 STAGES = ("targets", "collect", "calibrate", "bench", "train", "train-eval")
 PROMPTS = [
@@ -312,8 +309,9 @@ TRAIN = ["--dataset", "embedded", "--n-requests", "6", "--isl-buckets", "256", "
 def make_stages(work: Path, quick: bool, model: Path | None = None) -> tuple[dict[str, Stage], dict]:
     from rift_ada.collectors.synthetic import synthetic_traces
     from rift_ada.collectors.trace_io import write_probe_traces
+    from rift_ada.models import save_tiny_random_llama
 
-    model = model or tiny_model(work / "model")
+    model = model or str(save_tiny_random_llama(work / "model"))
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(PROMPTS)))
     n_prompts, tokens = ("2", "16") if quick else ("6", "64")

@@ -394,6 +394,27 @@ def load_tokenizer(model_id: str) -> Any:
         raise _not_found(model_id, error) from error
 
 
+
+def save_tiny_random_llama(folder: str | os.PathLike[str]) -> Path:
+    """A 2-layer random Llama (hidden 32, seed 0) with the embedded SmolLM2 tokenizer, saved as a model folder.
+
+    Every command takes it as ``--model FOLDER``: the tests' and the benchmarks' ``--quick`` model, which
+    loads no real weights. Its AL means nothing."""
+    import torch
+    import transformers
+
+    tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    path = Path(folder)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def load_model(
     model_id: str, *, device: str = "cpu", dtype: str | None = None, device_map: str | None = None
 ) -> tuple[Any, Any]:

@@ -36,27 +36,9 @@ def tiny_model_dir(tmp_path_factory):
 
     Only the tokenizer of SmolLM2 is loaded (not its weights). Read-only for tests: copy it to change it.
     """
-    import torch
-    import transformers
+    from rift_ada.models import save_tiny_random_llama
 
-    from rift_ada.models import PRESETS, load_tokenizer
-
-    tokenizer = load_tokenizer(PRESETS["smollm2-135m"].draft)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_random_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
