@@ -41,8 +41,6 @@ from rift_ada.throughput import CLOSED_BATCH
 
 __all__ = ["confirm_closed", "confirm_closed_from_traces", "settings_from_manifest"]
 
-CONFIRM_MODES: tuple[str, ...] = ("replay", "closed")
-
 
 def _set_aside_if_stale(run_dir: Path, specs: Sequence[str], settings: Any) -> None:
     """A closed run holding other policies belongs to an earlier calibration of the cell: rename it to
