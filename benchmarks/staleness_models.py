@@ -169,6 +169,56 @@ def summarise(cell: dict[str, Any], keep_looping: bool) -> dict[str, dict[str, A
     return summary
 
 
+def paired_difference(
+    cell: dict[str, Any], first: str, second: str, quarter: int | None = None, seed: int = 0
+) -> dict[str, Any] | None:
+    """``first`` - ``second`` AL (or AL in one output quarter), paired by request over the requests kept,
+    with a paired-bootstrap 95% CI and what the spread says about size (None: fewer than 2 pairs)."""
+    from rift_ada.calibrate.bootstrap import al_difference_ci
+    from rift_ada.calibrate.curve import power
+
+    values: dict[str, dict[int, float]] = {first: {}, second: {}}
+    for run in cell["runs"]:
+        if run["policy"] not in values or cell["looping"][run["request"]]:
+            continue
+        value = run["al"] if quarter is None else _quarter_means(run["rounds"], cell["osl"][run["request"]])[quarter]
+        if value is not None:
+            values[run["policy"]][run["request"]] = value
+    requests = sorted(set(values[first]) & set(values[second]))
+    if len(requests) < 2:
+        return None
+    a = np.array([values[first][r] for r in requests])
+    b = np.array([values[second][r] for r in requests])
+    interval = al_difference_ci(a, b, seed=seed)
+    se = float(np.std(a - b, ddof=1) / np.sqrt(len(requests)))
+    spread = power(se, len(requests), abs(interval.estimate)) if se > 0 else None
+    return {
+        "n": len(requests),
+        "estimate": interval.estimate,
+        "low": interval.low,
+        "high": interval.high,
+        "method": interval.method,
+        "minimum_detectable_gap": spread.minimum_detectable_gap if spread else 0.0,
+        "requests_for_observed_gap": spread.requests_for_paper_effect if spread else None,
+    }
+
+
+def _difference_text(difference: dict[str, Any]) -> str:
+    text = (
+        f"{difference['estimate']:+.2f} [{difference['low']:+.2f}, {difference['high']:+.2f}] "
+        f"({difference['n']} requests)"
+    )
+    return text
+
+
+def _size_text(difference: dict[str, Any]) -> str:
+    needed = difference["requests_for_observed_gap"]
+    return (
+        f"the minimum detectable gap at {difference['n']} requests is {difference['minimum_detectable_gap']:.2f} AL"
+        + (f"; about {needed} requests would detect the observed gap at 80% power" if needed else "")
+    )
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -199,9 +249,10 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
         "(collectors/loops.py); looping requests are listed and left out of the tables below (all-request "
         "figures in the JSON).",
         "- Wall times are on the shared 2-core machine (other sessions' work running beside it).",
-        f"- Size: {settings['requests']} request(s) × {settings['tokens']} output tokens per model and temperature, "
-        "one text each: these rows are one sample, not evidence of a difference; a RIFT-dyn interval at or "
-        "above the output length never refreshes (it equals RIFT-stat by construction).",
+        f"- Size: {settings['requests']} request(s) × {settings['tokens']} output tokens per model and temperature. "
+        "The findings give paired-bootstrap 95% CIs over the requests kept (`calibrate/bootstrap.py`, BCa) and, "
+        "where a CI holds 0, the size a decision would need (`calibrate/curve.py` power); the tables are means. "
+        "A RIFT-dyn interval at or above the output length never refreshes (it equals RIFT-stat by construction).",
         "",
     ]
     temperatures = sorted({t for m in data["models"] for t in m["temperatures"]}, key=float)
@@ -243,21 +294,39 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
             lines.append("")
             swa, snap, stat = summary.get("swa"), summary.get("snapkv"), summary.get("rift-stat")
             findings = []
-            if swa and snap and None not in (swa["quarters"][-1], snap["quarters"][-1]):
-                late = swa["quarters"][-1] - snap["quarters"][-1]
-                early = (swa["quarters"][0] or 0.0) - (snap["quarters"][0] or 0.0)
-                verdict = "yes" if late > 0 and early <= 0 else ("ahead throughout" if late > 0 else "no")
+            late = paired_difference(cell, "swa", "snapkv", quarter=QUARTERS - 1)
+            early = paired_difference(cell, "swa", "snapkv", quarter=0)
+            if late is not None and early is not None:
+                if late["low"] > 0:
+                    verdict = "yes" if early["estimate"] <= 0 else "ahead throughout"
+                elif late["high"] < 0:
+                    verdict = "no"
+                else:
+                    verdict = "undecided at this size"
                 findings.append(
-                    f"SWA overtakes SnapKV late in the output: **{verdict}** (SWA − SnapKV AL: first quarter "
-                    f"{early:+.2f}, last quarter {late:+.2f})."
+                    f"SWA overtakes SnapKV late in the output: **{verdict}**. SWA − SnapKV AL, paired by request, "
+                    f"95% CI: first quarter {_difference_text(early)}, last quarter {_difference_text(late)}"
+                    + ("" if verdict in ("yes", "no") else f"; {_size_text(late)}")
+                    + "."
                 )
+            elif swa and snap:
+                findings.append("SWA overtakes SnapKV late in the output: fewer than 2 requests kept, not measured.")
             if stat:
-                lifts = [
-                    f"{policy} {summary[policy]['al'] - stat['al']:+.2f}"
-                    for policy in summary
-                    if policy.startswith("rift-dyn:")
-                ]
-                findings.append(f"RIFT-dyn over RIFT-stat, AL: {', '.join(lifts)} (RIFT-stat {stat['al']:.2f}).")
+                lifts = []
+                for policy in summary:
+                    if not policy.startswith("rift-dyn:"):
+                        continue
+                    lift = paired_difference(cell, policy, "rift-stat")
+                    if lift is None:
+                        lifts.append(f"{policy} {summary[policy]['al'] - stat['al']:+.2f} (one request)")
+                        continue
+                    decided = lift["low"] > 0 or lift["high"] < 0
+                    lifts.append(
+                        f"{policy} {_difference_text(lift)}" + ("" if decided else f", undecided: {_size_text(lift)}")
+                    )
+                findings.append(
+                    f"RIFT-dyn over RIFT-stat, AL, paired 95% CI: {'; '.join(lifts)} (RIFT-stat {stat['al']:.2f})."
+                )
                 rhos = [p for p in summary if p.startswith("rift-stat:rho=")]
                 if rhos:
                     sweep = ", ".join(
