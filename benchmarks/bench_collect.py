@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     arm_ages = tuple(int(x) for x in args.arm_ages.split(",")) if args.arm_ages else DEFAULT_ARM_AGES
     from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.models import load_model, resolve_preset
-    from rift_ada.speculative import _forward, speculative_generate
+    from rift_ada.speculative import forward_tokens, speculative_generate
 
     model, tokenizer = load_model(resolve_preset(args.preset).draft)
     model.eval()
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
 
             def prefill(prompt: list[int] = prompt) -> Any:
-                return _forward(model, prompt[:-1], DynamicCache(config=model.config), 0)
+                return forward_tokens(model, prompt[:-1], DynamicCache(config=model.config), 0)
 
             jobs = {"probe": probe, "closed": closed, "prefill": prefill}
             per_request: dict[str, list[float]] = {name: [] for name in jobs}

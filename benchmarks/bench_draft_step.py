@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_draft_step.py --quick    # a tiny random llama, 1,024-token context (a test)
     .venv/bin/python benchmarks/bench_draft_step.py --profile  # also: torch.profiler top ops per variant
 
-One draft step = one forward of one token (`rift_ada.speculative._forward`, as in the draft loop)
+One draft step = one forward of one token (`rift_ada.speculative.forward_tokens`, as in the draft loop)
 through the model with its cache. Variants, measured side by side (interleaved step by step, the
 same token at the same position every time, the cache restored to the same state after each step):
 
@@ -62,15 +62,15 @@ class Variant:
     """A cache prefilled with the context plus one decoded token; ``step`` times one more token."""
 
     def __init__(self, name: str, model: Any, cache: Any, tokens: list[int], length: int):
-        from rift_ada.speculative import _forward
+        from rift_ada.speculative import forward_tokens
 
         self.name, self.model, self.cache = name, model, cache
-        self._forward = _forward
+        self._forward = forward_tokens
         start = time.perf_counter()
-        _forward(model, tokens[:length], cache, 0)
+        forward_tokens(model, tokens[:length], cache, 0)
         self.prefill_s = time.perf_counter() - start
         # One decode step after the prefill: a budgeted cache makes its selection here.
-        _forward(model, [tokens[length]], cache, length)
+        forward_tokens(model, [tokens[length]], cache, length)
         self.length = length + 1
         self.token = tokens[length + 1]
         self.state = cache.snapshot() if hasattr(cache, "restore") else None

@@ -36,7 +36,7 @@ from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedCache, make_draft_cache
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
-from rift_ada.speculative import RoundRecord, _entropy, _forward
+from rift_ada.speculative import RoundRecord, forward_tokens, token_entropy
 
 __all__ = ["RiftCandidateGenerator", "rift_assisted_decoding", "rift_generate"]
 
@@ -90,7 +90,7 @@ class RiftCandidateGenerator(CandidateGenerator):
         ids = input_ids[0].tolist()
         if self.prompt_length is None:  # prefill: the draft sees the prompt but its last token
             self.prompt_length = len(ids)
-            _forward(self.draft_model, ids[:-1], self.cache, 0)
+            forward_tokens(self.draft_model, ids[:-1], self.cache, 0)
             self.cache.query_summary()  # query summaries cover the output only
             self.cache_length = len(ids) - 1
         remaining = self.max_length - len(ids) if self.max_length is not None else self.draft_length
@@ -102,9 +102,9 @@ class RiftCandidateGenerator(CandidateGenerator):
         logits_out: list[torch.Tensor] = []
         feed, position = list(self._pending), self.cache_length
         for _ in range(steps):
-            logits = _forward(self.draft_model, feed, self.cache, position)[-1]
+            logits = forward_tokens(self.draft_model, feed, self.cache, position)[-1]
             position += len(feed)
-            entropies.append(float(_entropy(logits, self.temperature)))
+            entropies.append(float(token_entropy(logits, self.temperature)))
             if self.temperature > 0:
                 scaled = logits.float() / self.temperature
                 logits_out.append(scaled)
@@ -123,7 +123,7 @@ class RiftCandidateGenerator(CandidateGenerator):
         accepted = int(num_matches)
         kept = self._pending + self._drafted[:accepted]
         self.cache.restore(self._state)
-        _forward(self.draft_model, kept, self.cache, self.cache_length)
+        forward_tokens(self.draft_model, kept, self.cache, self.cache_length)
         self.cache_length += len(kept)
         n_committed = input_ids.shape[1] - self.prompt_length
         record = RoundRecord(len(self.rounds), n_committed - accepted - 1, accepted, self._entropies)

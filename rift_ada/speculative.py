@@ -95,7 +95,8 @@ class PeriodicRefresh:
         return False
 
 
-def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy in nats of softmax(logits / T) (T = 0: softmax(logits)), the ``entropy`` signal's input."""
     log_probs = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
     return -(log_probs.exp() * log_probs).sum(-1)
 
@@ -119,10 +120,12 @@ def _cache_argument(model_class: type) -> str:
     return "cache" if "cache" in parameters or "past_key_values" not in parameters else "past_key_values"
 
 
-def _forward(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
-    """Logits (n, vocab) of feeding ``tokens`` at positions start.. into ``cache``; ``logits=False``:
-    only the cache is wanted, so only the last position's logits are computed (a prefill of n
-    tokens would otherwise materialise n × vocab floats: 1.5 GB for 1.5K tokens of Gemma3's 262K)."""
+def forward_tokens(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
+    """The draft step (the loop's, and the engine adapters'): logits (n, vocab) of feeding one request's
+    ``tokens`` at positions ``start``.. into its cache (a `rift_ada.cache.BudgetedCache` or any transformers
+    cache). ``logits=False``: only the cache is wanted (prefills, re-feeds), so only the last position's
+    logits are computed (a prefill of n tokens would otherwise materialise n × vocab floats: 1.5 GB for
+    1.5K tokens of Gemma3's 262K)."""
     device = next(model.parameters()).device
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(start, start + len(tokens), device=device)[None]
@@ -130,18 +133,6 @@ def _forward(model: Any, tokens: list[int], cache: Any, start: int, *, logits: b
     cache_argument = {_cache_argument(type(model)): cache}
     output = model(input_ids=ids, position_ids=positions, use_cache=True, **cache_argument, **keep)
     return output.logits[0]
-
-
-def forward_tokens(model: Any, tokens: list[int], cache: Any, start: int, *, logits: bool = True) -> torch.Tensor:
-    """Public draft step (engine adapters): logits (n, vocab) of feeding one request's ``tokens``
-    at positions ``start``.. into its cache (a `rift_ada.cache.BudgetedCache`); ``logits=False``:
-    the cache only (prefills, re-feeds)."""
-    return _forward(model, tokens, cache, start, logits=logits)
-
-
-def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy in nats of softmax(logits / T) (T = 0: softmax(logits)), the ``entropy`` signal's input."""
-    return _entropy(logits, temperature)
 
 
 def _forward_padded(
@@ -260,14 +251,14 @@ def _start_row(
     positions = len(prompt) + limit + draft_length + 1  # the most a round's verification ever stores
     draft_cache = row_cache(draft_model, request.policy)
     draft_cache.expect_positions(positions)
-    _forward(draft_model, prompt[:-1], draft_cache, 0, logits=False)
+    forward_tokens(draft_model, prompt[:-1], draft_cache, 0, logits=False)
     draft_cache.query_summary()  # query summaries cover the output only
     if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
         target_cache = full_copy(draft_cache, target)
     else:
         target_cache = row_cache(target, FULL_POLICY)
         target_cache.expect_positions(positions)
-        _forward(target, prompt[:-1], target_cache, 0, logits=False)
+        forward_tokens(target, prompt[:-1], target_cache, 0, logits=False)
     for layer in target_cache.layers:  # nothing reads a target's query summaries
         if isinstance(layer, BudgetedLayer):
             layer.keeps_queries = False
@@ -374,7 +365,7 @@ def _draft(
     try:
         for step in range(max(steps)):
             logits = torch.stack([out[-1] for out in forward_rows(draft_model, cache, feeds, positions)])
-            step_entropy = _entropy(logits, temperature).tolist()
+            step_entropy = token_entropy(logits, temperature).tolist()
             greedy = logits.argmax(-1).tolist()
             for index, row in enumerate(active):
                 if step >= steps[index]:  # this row has drafted enough; its extra step is rolled back
