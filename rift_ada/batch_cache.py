@@ -26,49 +26,23 @@ Requests prefill alone (exactly as a single request does), then join: `BatchedCa
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import accumulate
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from rift_ada.attention import PendingAttention, band_mask, pop_pending, set_pending
+from rift_ada.attention import BatchPending, PendingAttention, pop_pending, set_pending, span_slices
 from rift_ada.cache import (
     BudgetedCache,
     BudgetedLayer,
     CacheError,
-    group_query_mean,
     grow_positions,
     grown_capacity,
     layers_query_summary,
     layers_retained_mass,
 )
-
-
-@dataclass
-class BatchPending:
-    """The attention note of a batched forward: each row's own note (None: the row is idle)."""
-
-    layer: DynamicLayer
-    rows: list[PendingAttention | None]
-    counts: list[int]
-    sizes: list[int]  # keys of each row in the padded working set
-    n_new: int
-    spans: list[int] | None = None  # batch rows each note covers (a probe request's arms); None: one each
-    maskless: bool = False  # every query sees every key of its row (single-token steps over equal working sets)
-
-    def row_slices(self) -> list[slice]:
-        """The batch rows of each note."""
-        return span_slices(self.spans or [1] * len(self.rows))
-
-
-def span_slices(spans: Sequence[int]) -> list[slice]:
-    """Consecutive batch rows: ``spans[i]`` rows for member i."""
-    ends = list(accumulate(spans))
-    return [slice(end - span, end) for end, span in zip(ends, spans, strict=True)]
 
 
 class BatchedLayer(DynamicLayer):
@@ -244,121 +218,6 @@ def _index_tensor(values: tuple[int, ...], device: torch.device, kind: int) -> t
     tensor = torch.tensor(values, device=device)
     _last_index[kind] = (values, tensor)
     return tensor
-
-
-_last_mask: list[Any] = [None, None]  # (key, mask): the layers of one forward mostly share their rows' masks
-
-
-def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
-    notes = tuple(
-        None
-        if note is None
-        else (
-            note.full,
-            note.first_position,
-            note.window,
-            note.window_start,
-            note.n_selected,
-            None if note.prefix_limit is None else int(note.prefix_limit[0]),
-            note.selection_valid is None,
-        )
-        for note in pending.rows
-    )
-    spans = None if pending.spans is None else tuple(pending.spans)
-    return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv, spans)
-
-
-def batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
-    """(b, kv, q, width) visibility, or None when every query may see every gathered key.
-
-    Every layer of a forward usually has the same rows' lengths and windows, so the last mask is
-    reused when its description matches (rows with per-slot validity masks are never cached)."""
-    key = _mask_key(pending, n_kv)
-    cacheable = all(note is None or note.selection_valid is None for note in pending.rows)
-    if cacheable and _last_mask[0] == key and _last_mask[1] is not None and _last_mask[1].device == device:
-        return _last_mask[1]
-    mask = _batch_mask(pending, n_kv, device)
-    if cacheable:
-        _last_mask[0], _last_mask[1] = key, mask
-    return mask
-
-
-def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
-    width = max(1, max(pending.sizes))
-    every = all(
-        note is not None and count == pending.n_new and size == width and pending.n_new == 1
-        for note, count, size in zip(pending.rows, pending.counts, pending.sizes, strict=True)
-    )
-    if every:  # one new token per row and equal working sets: each token sees all of its own keys
-        return None
-    slices = pending.row_slices()
-    mask = torch.zeros(slices[-1].stop, n_kv, pending.n_new, width, dtype=torch.bool, device=device)
-    mask[:, :, :, 0] = True  # padding queries and idle rows see one dummy key; their output is unused
-    for rows, note, count, size in zip(slices, pending.rows, pending.counts, pending.sizes, strict=True):
-        if note is None:
-            continue
-        if note.full:
-            key_positions = torch.arange(size, device=device)
-            query_positions = torch.arange(note.first_position, note.first_position + count, device=device)
-            visible = (key_positions[None, :] <= query_positions[:, None])[None, None]
-        else:
-            visible = band_mask(note, device)  # (1 | the note's rows, 1 | kv, q, size)
-        mask[rows, :, :count, :size] = visible.expand(rows.stop - rows.start, n_kv, -1, -1)
-    return mask
-
-
-def _wants_probs(note: PendingAttention) -> bool:
-    """A row whose layer reads this forward's attention probabilities (H2O; a probe's canonical pass)."""
-    return note.layer.needs_probs(note) or (note.full and note.layer.wants_full_probs(note))
-
-
-def batched_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    pending: BatchPending,
-    scaling: float,
-    inverse_rope: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
-) -> torch.Tensor:
-    """Attention of a batch whose rows have their own working sets; returns (b, q, h, d).
-
-    ``inverse_rope(module, query)`` gives the pre-RoPE queries, computed only when a row records them."""
-    batch, n_heads, n_queries, head_dim = query.shape
-    n_kv = key.shape[1]
-    group = n_heads // n_kv
-    slices = pending.row_slices()
-    group_mean = None
-    for rows, note, count in zip(slices, pending.rows, pending.counts, strict=True):
-        if note is not None and note.layer.wants_queries():
-            if group_mean is None:
-                group_mean = group_query_mean(inverse_rope(module, query), n_kv)
-            note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
-    mask = None if pending.maskless else batch_mask(pending, n_kv, key.device)
-    sinks = getattr(module, "sinks", None)
-    wants = [note is not None and _wants_probs(note) for note in pending.rows]
-    needs_probs = any(wants)
-    if sinks is None and not needs_probs:
-        if mask is not None and group > 1:
-            mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
-        output = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
-        )
-        return output.transpose(1, 2).contiguous()
-    grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
-    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
-    if mask is not None:
-        logits = logits.masked_fill(~mask[:, :, None], float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
-        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(logits, dim=-1)
-    for rows, note, count, size, wanted in zip(slices, pending.rows, pending.counts, pending.sizes, wants, strict=True):
-        if wanted:
-            note.layer.observe_attention(probs[rows, :, :, :count, :size], note)
-    output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
-    return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
 
 
 # ---- rows of layers that are not budgeted (recurrent states, plain KV) ----------------------

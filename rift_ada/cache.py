@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from rift_ada.attention import PendingAttention, install, set_pending
+from rift_ada.attention import PendingAttention, group_query_mean, install, set_pending
 from rift_ada.budget import CachePolicy, make_policy, validate
 from rift_ada.scorers.h2o import H2OScorer
 from rift_ada.scorers.inputs import ScoreInputs
@@ -57,12 +57,6 @@ def grow_positions(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[2] = capacity - tensor.shape[2]
     return torch.cat([tensor, tensor.new_zeros(shape)], 2)
-
-
-def group_query_mean(pre_rope_query: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """(b, h, q, d) pre-RoPE queries -> (b, kv, q, d) float mean over each KV group's heads."""
-    batch, n_heads, n_queries, _ = pre_rope_query.shape
-    return pre_rope_query.float().reshape(batch, n_kv, n_heads // n_kv, n_queries, -1).mean(2)
 
 
 class BudgetedLayer(DynamicLayer):

@@ -203,3 +203,79 @@ def test_the_model_scan_follows_first_party_imports(tmp_path):
         encoding="utf-8",
     )
     assert _model_free_offences(imports) == [(4, "torch.nn"), (1, "rift_ada.collectors.collect")]
+
+
+def _executed_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that running ``path`` can import, lazy imports inside functions included,
+    ``if TYPE_CHECKING:`` blocks (never run) left out; ``from package import module`` is the module."""
+    tree = _parse(path.read_text(encoding="utf-8"))
+    unrun = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in unrun:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules
+            found |= submodules or ({node.module} & modules)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names} & modules
+    return found
+
+
+def _import_cycles(files: dict[str, Path]) -> list[list[str]]:
+    """Import cycles among ``files`` (module name -> source), each from its first module back to it. A
+    package's own ``__init__`` is left out of its submodules' imports: Python runs it before any of them."""
+    graph = {
+        module: {m for m in _executed_imports(path, set(files)) if m != module and not module.startswith(m + ".")}
+        for module, path in files.items()
+    }
+    cycles = []
+    for start in sorted(graph):
+        todo, seen = [(start, [start])], {start}
+        while todo:
+            module, path = todo.pop()
+            if start in graph[module]:
+                cycles.append([*path, start])
+                break
+            for imported in sorted(graph[module] - seen):
+                seen.add(imported)
+                todo.append((imported, [*path, imported]))
+    return cycles
+
+
+def _runtime_files() -> dict[str, Path]:
+    files = {}
+    for path in sorted((ROOT / "rift_ada").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def test_runtime_modules_have_no_import_cycle():
+    """cache -> attention, batch_cache -> cache and so on one way only: no runtime module reaches itself
+    again through imports, lazy ones inside functions included (attention once imported batch_cache in one)."""
+    files = _runtime_files()
+    assert {"rift_ada.attention", "rift_ada.cache", "rift_ada.batch_cache", "rift_ada.speculative"} <= set(files)
+    cycles = _import_cycles(files)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_scan_sees_a_lazy_import_and_skips_type_checking(tmp_path):
+    low, high, typed = tmp_path / "low.py", tmp_path / "high.py", tmp_path / "typed.py"
+    low.write_text("def f():\n    from pkg.high import g\n    return g\n", encoding="utf-8")
+    high.write_text("from pkg.low import f\n", encoding="utf-8")
+    typed.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.high import g\nfrom pkg import low\n",
+        encoding="utf-8",
+    )
+    assert _import_cycles({"pkg.low": low, "pkg.high": high}) == [
+        ["pkg.high", "pkg.low", "pkg.high"],
+        ["pkg.low", "pkg.high", "pkg.low"],
+    ]
+    assert _executed_imports(typed, {"pkg.low", "pkg.high", "pkg"}) == {"pkg.low"}
