@@ -70,6 +70,14 @@ def isl_buckets(isl: np.ndarray, n_buckets: int = 3) -> np.ndarray:
     return np.searchsorted(edges, values, side="right").astype(np.int64)
 
 
+def split_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    """The three split shares as floats; refuses anything but three non-negative numbers with a positive sum."""
+    fr = tuple(float(f) for f in fractions)
+    if len(fr) != 3 or any(not np.isfinite(f) or f < 0 for f in fr) or sum(fr) <= 0:
+        raise CalibrationError(f"split fractions must be three non-negative numbers, got {list(fractions)}")
+    return (fr[0], fr[1], fr[2])
+
+
 def make_splits(
     traces: ProbeTraces,
     fractions: Sequence[float] = (0.4, 0.3, 0.3),
@@ -84,9 +92,7 @@ def make_splits(
     behind its target so far. Global sizes are within one request of ``fraction * n`` and every
     stratum is spread proportionally. Raises :class:`CalibrationError` if a split comes out empty.
     """
-    fr = tuple(float(f) for f in fractions)
-    if len(fr) != 3 or any(not np.isfinite(f) or f < 0 for f in fr) or sum(fr) <= 0:
-        raise CalibrationError(f"split fractions must be three non-negative numbers, got {list(fractions)}")
+    fr = split_fractions(fractions)
     total = sum(fr)
     fr = (fr[0] / total, fr[1] / total, fr[2] / total)
     n = traces.n_requests

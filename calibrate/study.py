@@ -539,12 +539,17 @@ def _worker_entry(task: StudyTask, worker_index: int, barrier: Any) -> None:
         raise
 
 
-def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None = None) -> optuna.Study:
-    """Fill the study with ``workers`` processes (1: in this process) and return it loaded."""
+def check_study_size(trials: int, workers: int) -> None:
+    """Refuse a negative trial count or fewer than one worker (the calibration config checks with this too)."""
     if workers < 1:
         raise CalibrationError(f"workers must be at least 1, got {workers}")
-    if task.n_trials < 0:
-        raise CalibrationError(f"trials must be non-negative, got {task.n_trials}")
+    if trials < 0:
+        raise CalibrationError(f"trials must be non-negative, got {trials}")
+
+
+def run_study(task: StudyTask, *, workers: int = 1, progress: ProgressFn | None = None) -> optuna.Study:
+    """Fill the study with ``workers`` processes (1: in this process) and return it loaded."""
+    check_study_size(task.n_trials, workers)
     with reporting_disk_full(storage_file(task.storage) or _shown_url(task.storage)):
         return _run_study(task, workers=workers, progress=progress)
 
