@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.requests, args.osl, args.trials = 16, 256, 4
 
+    from rift_ada.calibrate.config import CalibrationConfig
     from rift_ada.calibrate.pipeline import calibrate
     from rift_ada.collectors.synthetic import synthetic_traces
     from rift_ada.policies.replay import replay
@@ -39,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = synthetic_traces(args.requests, args.osl, temperature=args.temperature, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-calibrate-") as run_dir:
         start = time.perf_counter()
-        result = calibrate(
-            traces,
-            run_dir,
+        config = CalibrationConfig(
             name="bench",
             draft="synthetic",
             target="synthetic",
@@ -50,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             storage=args.storage,
             seed=args.seed,
-            log=None,
         )
+        result = calibrate(traces, run_dir, config, log=None)
         wall = time.perf_counter() - start
         study = result.calibration["study"]
         selection = traces.subset(result.splits.selection)

@@ -1,9 +1,9 @@
 """Model-free calibration: splits, threshold grids, the Optuna study, bootstrap CIs, export and report.
 
-Entry point: :func:`calibrate` (probe traces in; controller JSON, ``calibration.json`` and
-``report.md`` out). Nothing here loads or runs a model: the experiments that do (the benchmark, closed-loop
-confirmation, fidelity) are :mod:`rift_ada.experiments`. Names are imported lazily so that
-``import rift_ada.calibrate`` stays cheap.
+Entry point: :func:`calibrate` (probe traces and a :class:`CalibrationConfig` in; controller JSON,
+``calibration.json`` and ``report.md`` out). Nothing here loads or runs a model: the experiments that do
+(the benchmark, closed-loop confirmation, fidelity) are :mod:`rift_ada.experiments`. Names are imported
+lazily so that ``import rift_ada.calibrate`` stays cheap.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "export_controller": "rift_ada.calibrate.export",
     "render_markdown": "rift_ada.calibrate.report",
     "write_report": "rift_ada.calibrate.report",
+    "CalibrationConfig": "rift_ada.calibrate.config",
+    "ConfigError": "rift_ada.calibrate.config",
     "CalibrationResult": "rift_ada.calibrate.pipeline",
     "calibrate": "rift_ada.calibrate.pipeline",
     "check_traces_match": "rift_ada.calibrate.pipeline",

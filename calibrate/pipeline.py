@@ -1,4 +1,9 @@
-"""``calibrate(...)``: probe traces in, a validated controller JSON + report out (the CLI calls this)."""
+"""``calibrate(traces, out_dir, config)``: probe traces in, a validated controller JSON + report out.
+
+The CLI calls it. It runs one stage function after another, each returning a small typed result:
+:func:`check_inputs`, :func:`split_traces`, :func:`fit_space`, :func:`run_search`,
+:func:`choose_operating_point`, :func:`confirm_by_replay`, then :func:`write_outputs`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import numpy as np
 
 from rift_ada.atomic import atomic_write_json, canonical_json
 from rift_ada.calibrate.bootstrap import Interval, al_difference_ci, refresh_reduction_ci
+from rift_ada.calibrate.config import DEFAULT_MARGIN, CalibrationConfig
 from rift_ada.calibrate.export import (
     DEFAULT_CACHE,
     DEFAULT_SCHEDULE,
@@ -35,8 +41,6 @@ from rift_ada.calibrate.operating_point import OperatingPoint, TrialPoint, selec
 from rift_ada.calibrate.report import write_report
 from rift_ada.calibrate.splits import CalibrationError, Splits, make_splits
 from rift_ada.calibrate.study import (
-    DEFAULT_INTERVALS,
-    SEARCH_REPLICAS,
     PolicyEvaluator,
     StudyTask,
     baseline_labels,
@@ -46,7 +50,7 @@ from rift_ada.calibrate.study import (
 from rift_ada.collectors.probe_traces import ProbeTraces
 from rift_ada.collectors.trace_io import targets_problems
 from rift_ada.policies.replay import DEFAULT_REPLICAS
-from rift_ada.policies.space import FAMILIES, SearchSpace
+from rift_ada.policies.space import SearchSpace
 from rift_ada.policy_spec import parse, periodic_label
 
 SCORE_PERCENTILES: tuple[float, ...] = tuple(float(p) for p in np.linspace(2.0, 98.0, 49))
@@ -91,6 +95,7 @@ class CalibrationResult:
     operating_point: OperatingPoint
     study_name: str
     storage: str
+    config: CalibrationConfig
 
     @property
     def split_sizes(self) -> dict[str, int]:
@@ -268,9 +273,6 @@ def _finite_dict(interval: Interval) -> dict[str, Any]:
     return out
 
 
-DEFAULT_MARGIN = 0.01  # non-inferiority margin: 1% of the reference AL
-
-
 def verdict(
     comparisons: list[dict[str, Any]],
     reference_label: str,
@@ -366,147 +368,131 @@ def _n(value: float | None) -> str:
     return "nan" if value is None else f"{value:+.3f}"
 
 
-def calibrate(
-    traces: ProbeTraces,
-    out_dir: str | Path,
-    *,
-    name: str,
-    draft: str,
-    target: str,
-    temperature: float,
-    trials: int = 200,
-    timeout: float | None = None,
-    storage: str | None = None,
-    workers: int = 1,
-    seed: int = 0,
-    split: Sequence[float] = (0.4, 0.3, 0.3),
-    reference_interval: int = 128,
-    families: Sequence[str] = ("gate", "score"),
-    manifest_hash: str | None = None,
-    progress: Callable[[str, int, int | None], None] | Any | None = None,
-    log: Callable[[str], Any] | None = print,
-    signals: Sequence[str] | None = None,
-    intervals: Sequence[int] = DEFAULT_INTERVALS,
-    study_name: str | None = None,
-    position_bin: int = 256,
-    n_resamples: int = 9999,
-    cache: dict[str, Any] | None = None,
-    schedule: dict[str, Any] | None = None,
-    margin: float = DEFAULT_MARGIN,
-    search_replicas: int = SEARCH_REPLICAS,
-    confirm_replicas: int = DEFAULT_REPLICAS,
-    objective: str = "matched_al",
-    selection_margin: float = 0.02,
-) -> CalibrationResult:
-    """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
+@dataclass(frozen=True)
+class Inputs:
+    """What the traces settle: the signals searched, the schedule, the baselines and the controller's fields."""
 
-    Splits the requests (calibration / selection / confirmation), builds percentile threshold
-    grids and fits the score family on the calibration split, runs a seeded multi-objective Optuna
-    study by replay on the selection split (baselines included), picks the matched-AL operating
-    point, confirms it with paired-bootstrap CIs on the confirmation split, and writes
-    ``controller.json`` (validated, with provenance), ``calibration.json``, ``report.md`` and plots.
-    ``trials`` counts searched trials; the baselines are added on top. ``progress`` is a callable
-    ``(stage, done, total)`` or a rich ``Progress``; ``log`` gets one-line milestones (split sizes,
-    the chosen point, the verdict), ``None`` silences them. ``signals`` restricts the signals the
-    search may use (default: all five, ``query_drift`` only when the traces carry it). ``margin``:
-    the non-inferiority margin of "AL kept", a fraction of the reference's confirmation AL.
-    ``search_replicas`` / ``confirm_replicas``: replay's sampling replicas at T > 0 in the study
-    (default 1: every trial sees the same uniforms, so comparisons stay paired and a trial costs a
-    quarter) and in the confirmation (default 4, the spread the verdict reads); ignored at T = 0.
-    ``objective``: how the operating point is chosen on the selection split: ``matched_al`` (the fewest
-    refreshes at the reference's AL) or ``curve`` (the largest AL gain over the periodic curve at the trial's
-    own refresh count, ties within ``selection_margin`` AL going to the fewest refreshes; see
-    :func:`~rift_ada.calibrate.operating_point.select_by_curve`).
-    """
-    t0 = time.monotonic()
-    report = _Progress(progress)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    signals: tuple[str, ...]
+    baselines: tuple[str, ...]
+    reference_label: str
+    fields: dict[str, Any]  # controller fields: name, draft, target, temperature, cache, schedule, signals
+
+
+def check_inputs(traces: ProbeTraces, config: CalibrationConfig) -> Inputs:
+    """Refuse traces that do not fit ``config`` (manifest, signal columns, probed ages); resolve the defaults."""
     if traces.manifest:
-        check_traces_match(traces.manifest, draft, target, temperature)
-    elif not math.isclose(float(traces.temperature), float(temperature), abs_tol=1e-9):
+        check_traces_match(traces.manifest, config.draft, config.target, config.temperature)
+    elif not math.isclose(float(traces.temperature), float(config.temperature), abs_tol=1e-9):
         raise CalibrationError(
-            f"temperature is {traces.temperature} in the traces but {float(temperature)} was requested"
+            f"temperature is {traces.temperature} in the traces but {float(config.temperature)} was requested"
         )
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown or not families:
-        raise CalibrationError(f"families must be a non-empty subset of {list(FAMILIES)}, got {list(families)}")
-    if trials < 0:
-        raise CalibrationError(f"trials must be non-negative, got {trials}")
-    if search_replicas < 1 or confirm_replicas < 1:
-        raise CalibrationError(
-            f"replicas must be >= 1, got search_replicas={search_replicas}, confirm_replicas={confirm_replicas}"
-        )
-    if objective not in ("matched_al", "curve"):
-        raise CalibrationError(f"objective must be 'matched_al' or 'curve', got {objective!r}")
-    if not 0.0 <= margin < 1.0:
-        raise CalibrationError(f"margin must be a fraction of the reference AL in [0, 1), got {margin}")
+    signals = config.signals
     if signals is None:
         signals = tuple(s for s in SIGNALS if s != "query_drift" or "query_drift" in traces.stride_signals)
-    selected_signals = tuple(signals)
-    unknown_signals = [s for s in selected_signals if s not in SIGNALS]
-    if unknown_signals or not selected_signals:
-        raise CalibrationError(f"signals must be a non-empty subset of {list(SIGNALS)}, got {list(signals)}")
-    check_signal_columns(traces, selected_signals)
-    sched = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
-    if schedule:
-        sched.update(schedule)
-    baselines = tuple(baseline_labels(intervals, reference_interval))  # refuses non-positive intervals
-    check_probed_ages(traces, sched, [*intervals, reference_interval])
-    say = log if log is not None else (lambda _msg: None)
-
-    # 1. splits
-    splits = make_splits(traces, split, seed=seed)
-    report("splits", 1, 1)
-    say("splits: " + ", ".join(f"{k} {v}" for k, v in splits.sizes.items()) + f" requests (seed {seed})")
-    cal_traces = traces.subset(splits.calibration)
-    sel_traces = traces.subset(splits.selection)
-    conf_traces = traces.subset(splits.confirmation)
-
-    # 2. grids (and the fitted score) from the calibration split
-    grids: ThresholdGrids = threshold_grids(cal_traces, selected_signals, seed=seed)
-    score_terms: tuple[dict[str, Any], ...] = ()
-    score_grid: tuple[float, ...] = ()
-    if "score" in families:
-        fitted = _fit_score(cal_traces, selected_signals, seed)
-        score_terms = tuple(term.to_json() for term in fitted.terms)
-        score_grid = _score_grid(fitted, cal_traces, seed)
-    space = SearchSpace(
-        grids=dict(grids.values), families=tuple(families), score_terms=score_terms, score_grid=score_grid
-    )
-    report("grids", 1, 1)
-
-    # 3. the study on the selection split
+    check_signal_columns(traces, signals)
+    schedule = dict(DEFAULT_SCHEDULE, decision_stride=int(traces.decision_stride))
+    if config.schedule:
+        schedule.update(config.schedule)
+    baselines = tuple(baseline_labels(config.intervals, config.reference_interval))
+    check_probed_ages(traces, schedule, [*config.intervals, config.reference_interval])
     manifest_cache = traces.manifest.get("cache") if traces.manifest else None
     if isinstance(manifest_cache, dict):  # the manifest may carry more than the controller's fields
         manifest_cache = {k: v for k, v in manifest_cache.items() if k in DEFAULT_CACHE}
     fields = {
-        "name": name,
-        "draft": draft,
-        "target": target,
-        "temperature": float(temperature),
+        "name": config.name,
+        "draft": config.draft,
+        "target": config.target,
+        "temperature": float(config.temperature),
         # The cache the traces were collected with (block_size None = token level), then explicit overrides.
-        "cache": {**DEFAULT_CACHE, **(manifest_cache or {}), **(cache or {})},
-        "schedule": sched,
+        "cache": {**DEFAULT_CACHE, **(manifest_cache or {}), **(config.cache or {})},
+        "schedule": schedule,
         "signals": dict(DEFAULT_SIGNALS),
     }
-    storage_url, storage_shown = _storage_url(storage, out)
-    study_name = study_name or f"rift-ada-{name}"
+    return Inputs(signals, baselines, periodic_label(config.reference_interval), fields)
+
+
+@dataclass(frozen=True)
+class SplitTraces:
+    """The seeded splits and the traces of each."""
+
+    splits: Splits
+    calibration: ProbeTraces
+    selection: ProbeTraces
+    confirmation: ProbeTraces
+
+
+def split_traces(traces: ProbeTraces, config: CalibrationConfig) -> SplitTraces:
+    """Calibration / selection / confirmation requests, seeded and stratified (:func:`make_splits`)."""
+    splits = make_splits(traces, config.split, seed=config.seed)
+    return SplitTraces(
+        splits, traces.subset(splits.calibration), traces.subset(splits.selection), traces.subset(splits.confirmation)
+    )
+
+
+@dataclass(frozen=True)
+class FittedSpace:
+    """Threshold grids from the calibration split and the search space built on them (score family fitted)."""
+
+    grids: ThresholdGrids
+    space: SearchSpace
+
+
+def fit_space(calibration: ProbeTraces, signals: Sequence[str], config: CalibrationConfig) -> FittedSpace:
+    """Percentile grids of ``signals`` on the calibration split, and the fitted score when it is searched."""
+    grids = threshold_grids(calibration, signals, seed=config.seed)
+    score_terms: tuple[dict[str, Any], ...] = ()
+    score_grid: tuple[float, ...] = ()
+    if "score" in config.families:
+        fitted = _fit_score(calibration, signals, config.seed)
+        score_terms = tuple(term.to_json() for term in fitted.terms)
+        score_grid = _score_grid(fitted, calibration, config.seed)
+    space = SearchSpace(
+        grids=dict(grids.values), families=tuple(config.families), score_terms=score_terms, score_grid=score_grid
+    )
+    return FittedSpace(grids, space)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """The study on the selection split: its trials (one per baseline label), where it lives, what ran it."""
+
+    points: list[TrialPoint]
+    evaluator: PolicyEvaluator  # the selection split's (the matched-rate search reuses it)
+    study_name: str
+    storage_url: str
+    storage_shown: str
+    sampler: str
+    wall_s: float
+
+
+def run_search(
+    selection: ProbeTraces,
+    out: Path,
+    config: CalibrationConfig,
+    inputs: Inputs,
+    space: SearchSpace,
+    progress: Callable[[str, int, int | None], None],
+) -> SearchOutcome:
+    """Run the seeded multi-objective study by replay on the selection split, baselines included."""
+    storage_url, storage_shown = _storage_url(config.storage, out)
+    study_name = config.study_name or f"rift-ada-{config.name}"
     task = StudyTask(
         storage=storage_url,
         study_name=study_name,
-        n_trials=int(trials),
-        seed=int(seed),
+        n_trials=int(config.trials),
+        seed=int(config.seed),
         space=space,
-        evaluator=PolicyEvaluator(sel_traces, fields, position_bin=position_bin, replicas=search_replicas),
-        baselines=baselines,
-        timeout=timeout,
+        evaluator=PolicyEvaluator(
+            selection, inputs.fields, position_bin=config.position_bin, replicas=config.search_replicas
+        ),
+        baselines=inputs.baselines,
+        timeout=config.timeout,
     )
-    t_study = time.monotonic()
-    study = run_study(task, workers=workers, progress=report)
-    study_wall = time.monotonic() - t_study
-    points: list[TrialPoint] = study_points(study)
-    missing = sorted(set(baselines) - {p.label for p in points if p.baseline})
+    started = time.monotonic()
+    study = run_study(task, workers=config.workers, progress=progress)
+    wall_s = time.monotonic() - started
+    points = study_points(study)
+    missing = sorted(set(inputs.baselines) - {p.label for p in points if p.baseline})
     if missing:
         raise CalibrationError(f"baseline trial(s) {missing} did not complete (timeout too short?)")
     # One point per baseline label (a shared storage may hold a duplicate enqueued by a racing worker).
@@ -517,12 +503,22 @@ def calibrate(
             continue
         seen.add(p.label)
         unique_points.append(p)
-    points = unique_points
+    sampler = describe_sampler(study.sampler, seed=int(config.seed), workers=int(config.workers))
+    return SearchOutcome(unique_points, task.evaluator, study_name, storage_url, storage_shown, sampler, wall_s)
 
-    # 4. operating point
-    reference_label = periodic_label(reference_interval)
-    if objective == "curve":
-        op = select_by_curve(points, reference_label, selection_margin)
+
+@dataclass(frozen=True)
+class Choice:
+    """The operating point chosen on the selection split, and the periodic curve it was chosen against."""
+
+    point: OperatingPoint
+    periodic_curve: list[dict[str, Any]]
+
+
+def choose_operating_point(points: Sequence[TrialPoint], reference_label: str, config: CalibrationConfig) -> Choice:
+    """Matched AL (:func:`select_operating_point`) or the curve objective (:func:`select_by_curve`)."""
+    if config.objective == "curve":
+        op = select_by_curve(points, reference_label, config.selection_margin)
     else:
         op = select_operating_point(points, reference_label)
     periodic_curve = sorted(
@@ -533,12 +529,29 @@ def calibrate(
         ),
         key=lambda c: c["interval"],
     )
+    return Choice(op, periodic_curve)
 
-    # 5. confirmation
-    chosen = op.chosen
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The held-out replay of the chosen controller and its baselines: the JSON record and its verdict."""
+
+    record: dict[str, Any]  # calibration.json's "confirmation"
+    comparisons: list[dict[str, Any]]
+    verdict: dict[str, Any]
+
+
+def confirm_by_replay(
+    split: SplitTraces, search: SearchOutcome, op: OperatingPoint, inputs: Inputs, config: CalibrationConfig
+) -> Confirmation:
+    """Replay the chosen controller, the reference, periodic at its rate, stat and full on the confirmation
+    split; paired-bootstrap comparisons and the gain verdict."""
+    chosen, reference_label = op.chosen, inputs.reference_label
     chosen_target: dict[str, Any] | str = chosen.label if chosen.baseline else chosen.policy
-    rate_label = _matched_rate_baseline(task.evaluator, chosen.refreshes_per_1k)
-    conf_eval = PolicyEvaluator(conf_traces, fields, position_bin=position_bin, replicas=confirm_replicas)
+    rate_label = _matched_rate_baseline(search.evaluator, chosen.refreshes_per_1k)
+    conf_eval = PolicyEvaluator(
+        split.confirmation, inputs.fields, position_bin=config.position_bin, replicas=config.confirm_replicas
+    )
     plan: list[tuple[str, str, dict[str, Any] | str]] = [
         ("chosen", ROLE_CHOSEN, chosen_target),
         (reference_label, ROLE_REFERENCE, reference_label),
@@ -558,44 +571,23 @@ def calibrate(
         for (label, (role, target_policy)), result in zip(unique_plan.items(), results, strict=True)
     }
     edges = [float(e) for e in np.asarray(results[0].position_edges).ravel()]
-    report("confirmation", 1, 1)
     comparisons = [
-        _comparison(
-            "matched AL",
-            policies["chosen"],
-            reference_label,
-            policies[reference_label],
-            seed=seed,
-            n_resamples=n_resamples,
-        ),
-        _comparison(
-            "matched refreshes",
-            policies["chosen"],
-            rate_label,
-            policies[rate_label],
-            seed=seed,
-            n_resamples=n_resamples,
-        ),
+        _comparison(name, policies["chosen"], label, policies[label], seed=config.seed, n_resamples=config.n_resamples)
+        for name, label in (("matched AL", reference_label), ("matched refreshes", rate_label))
     ]
     decision = verdict(
         comparisons,
         reference_label,
         reference_al=policies[reference_label]["mean_al"],
-        margin=margin,
+        margin=config.margin,
         chosen_is_reference=op.chosen_by == "reference_baseline",
         notes=op.notes,
     )
-    say(
-        f"chosen: trial {chosen.number} ({chosen.family}, {op.chosen_by.replace('_', ' ')}), "
-        f"selection AL {chosen.al:.3f} at {chosen.refreshes_per_1k:.2f} refreshes/1K vs {reference_label} "
-        f"AL {op.reference.al:.3f} at {op.reference.refreshes_per_1k:.2f}"
-    )
-    say("confirmation: " + ("gain confirmed" if decision["gain"] else "no confirmed gain"))
-    confirmation = {
-        "n_requests": int(len(splits.confirmation)),
-        "request_ids": [str(x) for x in conf_traces.requests["request_id"]],
-        "seed": int(seed),
-        "n_resamples": int(n_resamples),
+    record = {
+        "n_requests": int(len(split.splits.confirmation)),
+        "request_ids": [str(x) for x in split.confirmation.requests["request_id"]],
+        "seed": int(config.seed),
+        "n_resamples": int(config.n_resamples),
         "confidence": 0.95,
         "position_edges": edges,
         "policy_order": list(policies),
@@ -604,39 +596,57 @@ def calibrate(
         "margin": decision["margin"],
         "verdict": decision,
     }
+    return Confirmation(record, comparisons, decision)
 
-    # 6. export
-    created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
-    manifest_json_hash = sha256_json(traces.manifest) if traces.manifest else None
-    trace_info = {
-        "manifest_hash": manifest_hash,
-        "manifest_json_sha256": manifest_json_hash,
+
+@dataclass(frozen=True)
+class Stages:
+    """Every stage's result, what the export reads."""
+
+    config: CalibrationConfig
+    inputs: Inputs
+    split: SplitTraces
+    fitted: FittedSpace
+    search: SearchOutcome
+    choice: Choice
+    confirmation: Confirmation
+
+
+def _trace_info(traces: ProbeTraces, config: CalibrationConfig) -> dict[str, Any]:
+    return {
+        "manifest_hash": config.manifest_hash,
+        "manifest_json_sha256": sha256_json(traces.manifest) if traces.manifest else None,
         "n_requests": int(traces.n_requests),
         "dataset": traces.manifest.get("dataset") if traces.manifest else None,
         "temperature": float(traces.temperature),
         "decision_stride": int(traces.decision_stride),
         "draft_length": int(traces.draft_length),
     }
-    n_complete = len(points)
+
+
+def controller_record(traces: ProbeTraces, stages: Stages, created: str) -> dict[str, Any]:
+    """The controller JSON: the chosen policy (the reference when no trial won) with its provenance."""
+    config, search, op, decision = stages.config, stages.search, stages.choice.point, stages.confirmation.verdict
+    chosen = op.chosen
     provenance = {
         "created": created,
         "tool": "rift-ada calibrate",
-        "traces": trace_info,
-        "seed": int(seed),
-        "splits": splits.to_dict(),
+        "traces": _trace_info(traces, config),
+        "seed": int(config.seed),
+        "splits": stages.split.splits.to_dict(),
         "study": {
-            "name": study_name,
-            "storage": storage_shown,
-            "trials": int(trials),
-            "baselines": list(baselines),
-            "complete": n_complete,
-            "sampler": describe_sampler(study.sampler, seed=int(seed), workers=int(workers)),
+            "name": search.study_name,
+            "storage": search.storage_shown,
+            "trials": int(config.trials),
+            "baselines": list(stages.inputs.baselines),
+            "complete": len(search.points),
+            "sampler": search.sampler,
             "objectives": ["mean_al:maximize", "refreshes_per_1k:minimize"],
-            "search_space": space.fingerprint(),
+            "search_space": stages.fitted.space.fingerprint(),
         },
-        "replay": _replay_sampling(traces, seed, search_replicas, confirm_replicas),
-        "signals": list(selected_signals),  # what the search could use (an engine feeds these)
-        "reference": reference_label,
+        "replay": _replay_sampling(traces, config.seed, config.search_replicas, config.confirm_replicas),
+        "signals": list(stages.inputs.signals),  # what the search could use (an engine feeds these)
+        "reference": stages.inputs.reference_label,
         "chosen_trial": {
             "number": chosen.number,
             "label": chosen.label,
@@ -646,66 +656,150 @@ def calibrate(
             "selection": {"mean_al": chosen.al, "refreshes_per_1k": chosen.refreshes_per_1k},
         },
         "confirmation": {
-            "n_requests": confirmation["n_requests"],
-            "comparisons": comparisons,
+            "n_requests": stages.confirmation.record["n_requests"],
+            "comparisons": stages.confirmation.comparisons,
             "margin": decision["margin"],
             "gain": decision["gain"],
             "source": "replay",
         },
     }
-    export_policy = chosen.policy if not chosen.baseline else {"kind": "periodic", "interval": int(reference_interval)}
-    controller = controller_dict(export_policy, **fields)
+    export_policy = (
+        chosen.policy if not chosen.baseline else {"kind": "periodic", "interval": int(config.reference_interval)}
+    )
+    controller = controller_dict(export_policy, **stages.inputs.fields)
     controller["calibration"] = provenance
-    report("export", 0, 3)
-    controller_path = export_controller(controller, out / "controller.json")
+    return controller
 
-    calibration = {
+
+def calibration_record(traces: ProbeTraces, stages: Stages, created: str, wall_s: float) -> dict[str, Any]:
+    """``calibration.json``: every stage's figures (the report is rendered from it)."""
+    config, search, fitted = stages.config, stages.search, stages.fitted
+    return {
         "format": "rift-ada.calibration",
         "version": 1,
         "created": created,
-        "name": name,
-        "draft": draft,
-        "target": target,
-        "temperature": float(temperature),
-        "seed": int(seed),
-        "traces": trace_info,
-        "splits": dict(splits.to_dict(), assignment=splits.assignment()),
-        "signals": list(selected_signals),
-        "replay": _replay_sampling(traces, seed, search_replicas, confirm_replicas),
-        "grids": grids.to_dict(),
-        "space": space.to_dict(),
+        "name": config.name,
+        "draft": config.draft,
+        "target": config.target,
+        "temperature": float(config.temperature),
+        "seed": int(config.seed),
+        "traces": _trace_info(traces, config),
+        "splits": dict(stages.split.splits.to_dict(), assignment=stages.split.splits.assignment()),
+        "signals": list(stages.inputs.signals),
+        "replay": _replay_sampling(traces, config.seed, config.search_replicas, config.confirm_replicas),
+        "grids": fitted.grids.to_dict(),
+        "space": fitted.space.to_dict(),
         "study": {
-            "name": study_name,
-            "storage": storage_shown,
-            "search_trials": int(trials),
-            "n_baselines": len(baselines),
-            "complete": n_complete,
-            "workers": int(workers),
-            "timeout": timeout,
-            "sampler": provenance["study"]["sampler"],
-            "wall_s": study_wall,
+            "name": search.study_name,
+            "storage": search.storage_shown,
+            "search_trials": int(config.trials),
+            "n_baselines": len(stages.inputs.baselines),
+            "complete": len(search.points),
+            "workers": int(config.workers),
+            "timeout": config.timeout,
+            "sampler": search.sampler,
+            "wall_s": search.wall_s,
         },
-        "trials": [p.to_dict() for p in points],
-        "periodic_curve": periodic_curve,
-        "operating_point": op.to_dict(),
-        "confirmation": confirmation,
+        "trials": [p.to_dict() for p in search.points],
+        "periodic_curve": stages.choice.periodic_curve,
+        "operating_point": stages.choice.point.to_dict(),
+        "confirmation": stages.confirmation.record,
         "controller": "controller.json",
-        "wall_s": time.monotonic() - t0,
+        "wall_s": wall_s,
     }
+
+
+@dataclass(frozen=True)
+class Written:
+    """The files a calibration wrote and the two records in them."""
+
+    controller: dict[str, Any]
+    controller_path: Path
+    calibration: dict[str, Any]
+    calibration_path: Path
+    report_path: Path
+
+
+def write_outputs(
+    traces: ProbeTraces,
+    out: Path,
+    stages: Stages,
+    *,
+    started: float,
+    progress: Callable[[str, int, int | None], None],
+) -> Written:
+    """Write ``controller.json`` (validated), ``calibration.json``, then ``report.md`` and plots rendered from it.
+
+    ``started``: the calibration's ``time.monotonic()`` at its start (``calibration.json``'s ``wall_s``).
+    """
+    created = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+    controller = controller_record(traces, stages, created)
+    progress("export", 0, 3)
+    controller_path = export_controller(controller, out / "controller.json")
+    calibration = calibration_record(traces, stages, created, time.monotonic() - started)
     calibration_path = atomic_write_json(out / "calibration.json", calibration)
-    report("export", 2, 3)
+    progress("export", 2, 3)
     # Render from the JSON as written, so the report is exactly what calibration.json gives.
     report_path = write_report(json.loads(canonical_json(calibration)), out)
-    report("export", 3, 3)
+    progress("export", 3, 3)
+    return Written(controller, controller_path, calibration, calibration_path, report_path)
+
+
+def calibrate(
+    traces: ProbeTraces,
+    out_dir: str | Path,
+    config: CalibrationConfig,
+    *,
+    progress: Callable[[str, int, int | None], None] | Any | None = None,
+    log: Callable[[str], Any] | None = print,
+) -> CalibrationResult:
+    """Calibrate a RIFT-ada controller on probe traces and write it, with a report, into ``out_dir``.
+
+    Splits the requests (calibration / selection / confirmation), builds percentile threshold
+    grids and fits the score family on the calibration split, runs a seeded multi-objective Optuna
+    study by replay on the selection split (baselines included), picks the operating point
+    (``config.objective``), confirms it with paired-bootstrap CIs on the confirmation split, and writes
+    ``controller.json`` (validated, with provenance), ``calibration.json``, ``report.md`` and plots.
+    ``config`` holds every setting (:class:`~rift_ada.calibrate.config.CalibrationConfig`).
+    ``progress`` is a callable ``(stage, done, total)`` or a rich ``Progress``; ``log`` gets one-line
+    milestones (split sizes, the chosen point, the verdict), ``None`` silences them.
+    """
+    started = time.monotonic()
+    report = _Progress(progress)
+    say = log if log is not None else (lambda _msg: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = check_inputs(traces, config)
+
+    split = split_traces(traces, config)
+    report("splits", 1, 1)
+    say("splits: " + ", ".join(f"{k} {v}" for k, v in split.splits.sizes.items()) + f" requests (seed {config.seed})")
+    fitted = fit_space(split.calibration, inputs.signals, config)
+    report("grids", 1, 1)
+    search = run_search(split.selection, out, config, inputs, fitted.space, report)
+    choice = choose_operating_point(search.points, inputs.reference_label, config)
+    confirmation = confirm_by_replay(split, search, choice.point, inputs, config)
+    report("confirmation", 1, 1)
+    op, chosen = choice.point, choice.point.chosen
+    say(
+        f"chosen: trial {chosen.number} ({chosen.family}, {op.chosen_by.replace('_', ' ')}), "
+        f"selection AL {chosen.al:.3f} at {chosen.refreshes_per_1k:.2f} refreshes/1K vs {inputs.reference_label} "
+        f"AL {op.reference.al:.3f} at {op.reference.refreshes_per_1k:.2f}"
+    )
+    say("confirmation: " + ("gain confirmed" if confirmation.verdict["gain"] else "no confirmed gain"))
+
+    stages = Stages(config, inputs, split, fitted, search, choice, confirmation)
+    written = write_outputs(traces, out, stages, started=started, progress=report)
     return CalibrationResult(
         out_dir=out,
-        controller=controller,
-        controller_path=controller_path,
-        calibration_path=calibration_path,
-        report_path=report_path,
-        calibration=calibration,
-        splits=splits,
+        controller=written.controller,
+        controller_path=written.controller_path,
+        calibration_path=written.calibration_path,
+        report_path=written.report_path,
+        calibration=written.calibration,
+        splits=split.splits,
         operating_point=op,
-        study_name=study_name,
-        storage=storage_url,
+        study_name=search.study_name,
+        storage=search.storage_url,
+        config=config,
     )

@@ -8,6 +8,7 @@ The console, the progress reporter and the checks other command modules share ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -532,19 +533,14 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _check_signals(signals: str | None) -> tuple[str, ...] | None:
-    """``--signals a,b``: a non-empty subset of the controller's signal names, refused before any work."""
-    if signals is None:
-        return None
-    from rift_ada.controller import SIGNAL_NAMES
+def _calibration_config(**settings: Any) -> Any:
+    """The ``CalibrationConfig`` of these settings; a setting it refuses is a usage error naming its option."""
+    from rift_ada.calibrate.config import CalibrationConfig, ConfigError
 
-    names = tuple(name.strip() for name in signals.split(",") if name.strip())
-    unknown = [name for name in names if name not in SIGNAL_NAMES]
-    if unknown or not names:
-        bad_option("--signals", f"unknown signal(s) {unknown or [signals]}; choose from {', '.join(SIGNAL_NAMES)}")
-    if len(set(names)) != len(names):
-        bad_option("--signals", f"a signal is named twice in {signals!r}")
-    return names
+    try:
+        return CalibrationConfig(**settings)
+    except ConfigError as error:  # every field the command sets is the option of the same name
+        bad_option(f"--{error.field.replace('_', '-')}", str(error))
 
 
 def _check_block_size(block_size: int | None, manifest: dict[str, Any], traces: Path) -> None:
@@ -624,12 +620,25 @@ def calibrate(
 ) -> None:
     """Calibrate a controller on probe traces: grids, Optuna study, bootstrap CIs, JSON + report."""
     preset = check_model(model)
-    chosen_signals = _check_signals(signals)
+    name = f"{model}-T{temp:g}"
+    config = _calibration_config(
+        name=name,
+        draft=preset.draft,
+        target=preset.target_name,
+        temperature=temp,
+        trials=trials,
+        timeout=timeout,
+        storage=storage,
+        workers=workers,
+        seed=seed,
+        reference_interval=reference_interval,
+        margin=margin,
+        signals=None if signals is None else tuple(s.strip() for s in signals.split(",") if s.strip()),
+    )
     if free_running and confirm != "closed":
         bad_option("--free-running", "only applies with --confirm closed")
     if free_running and temp <= 0:
         bad_option("--free-running", "needs --temp > 0 (at T = 0 teacher forcing is exact)")
-    name = f"{model}-T{temp:g}"
     traces = traces or Path("runs") / name / "probe"
     controller_option = "--controller" if controller_out is not None or out is None else "--out"
     if controller_out is None:  # with --out, everything the command writes goes under it
@@ -667,21 +676,9 @@ def calibrate(
         result = run_calibration(
             probe,
             out,
-            name=name,
-            draft=preset.draft,
-            target=preset.target_name,
-            temperature=temp,
-            trials=trials,
-            timeout=timeout,
-            storage=storage,
-            workers=workers,
-            seed=seed,
-            reference_interval=reference_interval,
-            manifest_hash=manifest_hash(traces),
+            dataclasses.replace(config, manifest_hash=manifest_hash(traces)),
             progress=progress.stage_callback(),
             log=progress.log,
-            margin=margin,
-            signals=chosen_signals,
         )
         if confirm == "closed":
             from rift_ada.experiments.confirm import confirm_closed_from_traces

@@ -29,6 +29,7 @@ import numpy as np
 
 from rift_ada.atomic import atomic_write_json, json_safe
 from rift_ada.calibrate.closed_loop import attach_closed_confirmation
+from rift_ada.calibrate.config import CalibrationConfig
 from rift_ada.calibrate.curve import curve_intervals, preregister
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
@@ -472,9 +473,7 @@ def _calibrated(
         stages.progress(f"{tag} calibrate: {stage}", done, total)
 
     started = time.monotonic()
-    result = calibrate(
-        traces,
-        folder,
+    config = CalibrationConfig(
         name=name,
         draft=pair.preset.draft,
         target=pair.preset.target_name,
@@ -484,14 +483,13 @@ def _calibrated(
         split=size.split,
         reference_interval=size.reference_interval,
         manifest_hash=manifest_hash(probe_dir),
-        progress=calibration_progress,
-        log=None,
         cache={"budget": budget},
         schedule={"max_age": size.max_age},
         signals=signals,
         objective="curve",
         selection_margin=size.selection_margin,
     )
+    result = calibrate(traces, folder, config, progress=calibration_progress, log=None)
     stages.timed(f"{tag} calibrate", time.monotonic() - started)
     return result.calibration, result.controller, result.controller_path
 

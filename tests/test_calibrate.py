@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from rift_ada import Controller, policy_kinds
 from rift_ada.calibrate.bootstrap import al_difference_ci, refresh_reduction_ci
+from rift_ada.calibrate.config import CalibrationConfig, ConfigError
 from rift_ada.calibrate.grids import SIGNALS, check_signal_columns, threshold_grids
 from rift_ada.calibrate.operating_point import TrialPoint, pareto_front, select_operating_point
 from rift_ada.calibrate.pipeline import calibrate, check_traces_match
@@ -20,20 +22,21 @@ from rift_ada.collectors.synthetic import synthetic_traces
 from rift_ada.controller import make_controller_dict
 from rift_ada.policies.space import SearchSpace
 
-FAST = {"n_resamples": 2000, "log": None}
 
-
-def _run(traces, out_dir, **kwargs):
+def _config(traces, **settings) -> CalibrationConfig:
     params = {
         "name": "syn",
         "draft": "synthetic",
         "target": "synthetic",
         "temperature": float(traces.temperature),
         "trials": 40,
-        **FAST,
+        "n_resamples": 2000,
     }
-    params.update(kwargs)
-    return calibrate(traces, out_dir, **params)
+    return CalibrationConfig(**{**params, **settings})
+
+
+def _run(traces, out_dir, *, progress=None, log=None, **settings):
+    return calibrate(traces, out_dir, _config(traces, **settings), progress=progress, log=log)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +243,56 @@ def test_operating_point_says_no_gain_when_nothing_matches():
     assert op.chosen_by == "reference_baseline" and any("no gain" in note for note in op.notes)
 
 
+# -- the configuration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "message"),
+    [
+        ({"trials": -1}, "trials", "trials must be non-negative"),
+        ({"workers": 0}, "workers", "workers must be at least 1"),
+        ({"timeout": 0.0}, "timeout", "timeout must be a positive"),
+        ({"seed": -1}, "seed", "seed must be non-negative"),
+        ({"split": (0.5, 0.5)}, "split", "split fractions must be three"),
+        ({"reference_interval": 0}, "reference_interval", "periodic intervals must be positive"),
+        ({"intervals": (16, -32)}, "intervals", "periodic intervals must be positive"),
+        ({"families": ()}, "families", "families must be a non-empty subset"),
+        ({"families": ("gate", "tree")}, "families", "families must be a non-empty subset"),
+        ({"signals": ()}, "signals", "signals must be a non-empty subset"),
+        ({"signals": ("acceptance", "qurey_drift")}, "signals", "signals must be a non-empty subset"),
+        ({"signals": ("entropy", "entropy")}, "signals", "signals name entropy twice"),
+        ({"search_replicas": 0}, "search_replicas", "replicas must be >= 1, got search_replicas=0"),
+        ({"confirm_replicas": 0}, "confirm_replicas", "replicas must be >= 1, got confirm_replicas=0"),
+        ({"objective": "best"}, "objective", "objective must be 'matched_al' or 'curve'"),
+        ({"margin": 1.0}, "margin", r"margin must be a fraction of the reference AL in \[0, 1\)"),
+    ],
+)
+def test_config_refuses_bad_settings_naming_the_field(settings, field, message, small_traces):
+    with pytest.raises(ConfigError, match=message) as error:
+        _config(small_traces, **settings)
+    assert error.value.field == field and isinstance(error.value, CalibrationError)
+
+
+def test_config_is_frozen_checked_on_replace_and_keeps_the_defaults():
+    config = CalibrationConfig(name="n", draft="d", target="t", temperature=0.0, split=[0.5, 0.25, 0.25])
+    assert config.split == (0.5, 0.25, 0.25)  # sequences become tuples: the checked value cannot change
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.trials = 3  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="trials"):
+        dataclasses.replace(config, trials=-2)
+    cache = {"budget": 64}
+    assert CalibrationConfig(name="n", draft="d", target="t", temperature=0.0, cache=cache).cache is not cache
+    fields = dataclasses.fields(CalibrationConfig)
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    assert defaults == {
+        "trials": 200, "timeout": None, "storage": None, "workers": 1, "seed": 0, "split": (0.4, 0.3, 0.3),
+        "reference_interval": 128, "families": ("gate", "score"), "manifest_hash": None, "signals": None,
+        "intervals": (16, 32, 64, 128, 256, 512), "study_name": None, "position_bin": 256, "n_resamples": 9999,
+        "cache": None, "schedule": None, "margin": 0.01, "search_replicas": 1, "confirm_replicas": 4,
+        "objective": "matched_al", "selection_margin": 0.02,
+    }  # fmt: skip
+
+
 # -- end to end -------------------------------------------------------------------------------
 
 
@@ -421,7 +474,6 @@ def test_t1_study_searches_with_one_replica_and_confirms_with_the_default(tmp_pa
 def test_poisoned_confirmation_traces_leave_the_controller_unchanged(tmp_path, objective):
     """Confirmation requests never reach the grids, the score fit, the study or the operating point:
     replacing their traces with noise changes the confirmation figures and nothing else."""
-    import dataclasses
 
     traces = synthetic_traces(40, 1024, planted="entropy", seed=0)
     clean = _run(traces, tmp_path / "clean", trials=25, objective=objective)

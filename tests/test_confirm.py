@@ -13,6 +13,7 @@ from tiny_models import VOCAB, tiny_model
 
 from rift_ada.calibrate.bootstrap import al_difference_ci
 from rift_ada.calibrate.closed_loop import attach_closed_confirmation
+from rift_ada.calibrate.config import CalibrationConfig
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.collectors.collect import CollectSettings, closed_results
 from rift_ada.collectors.datasets import Request
@@ -38,9 +39,7 @@ def _calibrated(tmp_path: Path, temperature: float, trials: int, n_resamples: in
     settings = CollectSettings(
         draft="tiny", target="tiny", budget=16, obs_window=4, draft_length=4, temperature=temperature
     )
-    result = calibrate(
-        synthetic_traces(12, 48, temperature=temperature, seed=5),
-        tmp_path / "calibration",
+    config = CalibrationConfig(
         name=f"tiny-T{temperature:g}",
         draft="synthetic",
         target="synthetic",
@@ -48,8 +47,10 @@ def _calibrated(tmp_path: Path, temperature: float, trials: int, n_resamples: in
         trials=trials,
         reference_interval=16,
         n_resamples=n_resamples,
-        log=None,
         cache=settings.cache_json(),
+    )
+    result = calibrate(
+        synthetic_traces(12, 48, temperature=temperature, seed=5), tmp_path / "calibration", config, log=None
     )
     return settings, result
 
