@@ -119,6 +119,11 @@ def check_probe(
         raise ProbeError(f"arm ages {arm_ages} must be multiples of decision_stride={stride}")
     if policy.is_full:
         raise ProbeError("policy: probe arms need a compressed policy (got 'full')")
+    if policy.selector.observes_attention:
+        raise ProbeError(
+            f"policy: probe arms cannot follow {policy.name!r}, whose selection changes with every step's "
+            "attention (the arms' forwards record none); probe a prefix or prefill-scored policy"
+        )
     if len(prompt_ids) < 2 or not response_ids:
         raise ProbeError("need a prompt of >= 2 tokens and a non-empty response")
 

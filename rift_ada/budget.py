@@ -2,7 +2,9 @@
 
 Every policy keeps, for each KV head of each full-attention layer, a *selection* of at most k
 positions plus a *window* of the r most recent positions (a query at position p sees the window
-(p - r, p]), so the attended working set is exactly min(B, length) positions.
+(p - r, p]), so the attended working set is exactly min(B, length) positions. How r and k are
+set and the k chosen is the policy's selection (`rift_ada.selections`); this module is the
+policies' names and fields (the controller JSON's ``cache`` block).
 """
 
 from __future__ import annotations
@@ -10,25 +12,36 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from rift_ada.scorers.registry import DEFAULT_SCORER, SCORER_NAMES
+from rift_ada.selections import H2O, AttentionSinks, BudgetError, FullKV, PrefillTopK, Selection, SlidingWindow, SnapKV
 
-POLICY_NAMES: tuple[str, ...] = ("full", "swa", "streamingllm", "h2o", "snapkv", "rift-stat", "rift-dyn")
+# policy name -> its selection (`rift_ada.selections`); the names are the controller JSON's ``cache.policy``
+POLICY_SELECTIONS: dict[str, type[Selection]] = {
+    "full": FullKV,
+    "swa": SlidingWindow,
+    "streamingllm": AttentionSinks,
+    "h2o": H2O,
+    "snapkv": SnapKV,
+    "rift-stat": PrefillTopK,
+    "rift-dyn": PrefillTopK,
+}
+POLICY_NAMES: tuple[str, ...] = tuple(POLICY_SELECTIONS)
 
-
-class BudgetError(ValueError):
-    """A cache policy or budget that cannot work (names the field)."""
+__all__ = ["POLICY_NAMES", "POLICY_SELECTIONS", "BudgetError", "CachePolicy", "make_policy", "validate"]
 
 
 @dataclass(frozen=True)
 class CachePolicy:
     """A draft-cache policy: budget split, how the selection is chosen and when it is rescored.
 
-    ``selection`` is ``"prefix"`` (the first k positions: attention sinks, or everything for
-    ``full``), ``"snapkv"`` (SnapKV scores at prefill, rescored on ``refresh``) or ``"h2o"``
-    (accumulated attention, updated every step). ``scorer`` names the prefill scorer of a
-    ``"snapkv"`` selection (`rift_ada.scorers.registry`: SnapKV, Expected Attention, CriticalKV,
-    CurDKV, TriAttention); the ``snapkv`` policy is the fixed-window baseline of any scorer.
-    ``refresh_interval`` (RIFT-dyn's Δ) is the number of committed tokens between rescorings in
-    the draft/verify loop; None means never.
+    ``name`` picks the selection (`POLICY_SELECTIONS`), which owns the window/selected split and
+    how positions are chosen; the other fields are its hyperparameters. ``selection`` is that
+    selection's kind: ``"prefix"`` (the first k positions: attention sinks, or everything for
+    ``full``), ``"snapkv"`` (scored at prefill, rescored on ``refresh``) or ``"h2o"`` (accumulated
+    attention, updated every step). ``scorer`` names the prefill scorer of a ``"snapkv"`` selection
+    (`rift_ada.scorers.registry`: SnapKV, Expected Attention, CriticalKV, CurDKV, TriAttention);
+    the ``snapkv`` policy is the fixed-window baseline of any scorer. ``refresh_interval``
+    (RIFT-dyn's Δ) is the number of committed tokens between rescorings in the draft/verify loop;
+    None means never.
     """
 
     name: str = "rift-stat"
@@ -42,56 +55,44 @@ class CachePolicy:
     scorer: str = DEFAULT_SCORER
 
     @property
+    def selector(self) -> Selection:
+        """The selection object this policy names, with this policy's hyperparameters."""
+        return POLICY_SELECTIONS[self.name].from_policy(self)
+
+    @property
     def is_full(self) -> bool:
-        return self.name == "full"
+        return self.selector.full
 
     @property
     def selection(self) -> str:
-        if self.name in ("full", "swa", "streamingllm"):
-            return "prefix"
-        if self.name == "h2o":
-            return "h2o"
-        return "snapkv"
+        return self.selector.kind
 
     @property
     def window(self) -> int:
         """r: positions of the sliding window (including the query itself)."""
-        if self.is_full:
-            return 0
-        if self.name == "swa":
-            return self.budget
-        if self.name == "streamingllm":
-            return self.budget - self.sinks
-        if self.name == "snapkv":
-            return self.obs_window
-        return max(1, int(self.sw_ratio * self.budget))
+        return self.selector.window
 
     @property
     def selected(self) -> int:
         """k: positions chosen outside the window (the sinks for StreamingLLM)."""
-        if self.is_full:
-            return 1 << 62
-        return self.budget - self.window
-
-    @property
-    def scored(self) -> bool:
-        return self.selection in ("snapkv", "h2o")
+        return self.selector.selected
 
     def with_budget(self, budget: int) -> CachePolicy:
         return validate(replace(self, budget=budget))
 
 
 def validate(policy: CachePolicy) -> CachePolicy:
-    """Check a policy; raise BudgetError naming the field."""
+    """Check a policy (the fields every budgeted selection reads, then the selection's own); raise BudgetError
+    naming the field."""
     if policy.name not in POLICY_NAMES:
         raise BudgetError(f"unknown cache policy {policy.name!r}; valid policies: {', '.join(POLICY_NAMES)}")
     if policy.scorer not in SCORER_NAMES:
         raise BudgetError(f"unknown scorer {policy.scorer!r}; valid scorers: {', '.join(SCORER_NAMES)}")
-    if policy.scorer != DEFAULT_SCORER and policy.selection != "snapkv":
-        raise BudgetError(
-            f"scorer {policy.scorer!r} needs a prefill-scored policy (snapkv, rift-stat, rift-dyn), got {policy.name!r}"
-        )
-    if policy.is_full:
+    selection = POLICY_SELECTIONS[policy.name]
+    if policy.scorer != DEFAULT_SCORER and not selection.prefill_scored:
+        scored = ", ".join(name for name, kind in POLICY_SELECTIONS.items() if kind.prefill_scored)
+        raise BudgetError(f"scorer {policy.scorer!r} needs a prefill-scored policy ({scored}), got {policy.name!r}")
+    if selection.full:
         return policy
     if not isinstance(policy.budget, int) or policy.budget < 1:
         raise BudgetError(f"budget must be a positive integer, got {policy.budget!r}")
@@ -105,15 +106,7 @@ def validate(policy: CachePolicy) -> CachePolicy:
         raise BudgetError(f"block_size must be >= 1 or None, got {policy.block_size!r}")
     if policy.refresh_interval is not None and policy.refresh_interval < 1:
         raise BudgetError(f"refresh_interval must be >= 1 or None, got {policy.refresh_interval!r}")
-    if policy.scored and policy.budget < policy.obs_window:
-        raise BudgetError(
-            f"budget {policy.budget} is smaller than the observation window obs_window={policy.obs_window}: "
-            "scored policies need B >= w"
-        )
-    if policy.name == "streamingllm" and policy.budget <= policy.sinks:
-        raise BudgetError(f"budget {policy.budget} must exceed the {policy.sinks} attention sinks")
-    if policy.name == "snapkv" and policy.budget <= policy.obs_window:
-        raise BudgetError(f"snapkv needs budget > obs_window ({policy.obs_window}), got {policy.budget}")
+    policy.selector.validate()
     return policy
 
 

@@ -23,12 +23,11 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, group_query_mean, install, set_pending
 from rift_ada.budget import CachePolicy, make_policy, validate
-from rift_ada.scorers.h2o import H2OScorer
 from rift_ada.scorers.inputs import ScoreInputs
 from rift_ada.scorers.registry import make_scorer
 from rift_ada.scorers.rope import RopeRotation, find_rope
 from rift_ada.scorers.snapkv import SnapKVScorer
-from rift_ada.scorers.topk import select_topk, topk_lowest_first
+from rift_ada.selections import prefix_positions
 
 
 class CacheError(ValueError):
@@ -73,6 +72,7 @@ class BudgetedLayer(DynamicLayer):
     ):
         super().__init__()
         self.policy = policy
+        self.selector = policy.selector  # chooses the positions (`rift_ada.selections`); the layer stores them
         self.layer_idx = layer_idx
         self.scaling = scaling
         self.sinks = sinks
@@ -85,7 +85,7 @@ class BudgetedLayer(DynamicLayer):
         self.query_positions: torch.Tensor | None = None  # (<=w,)
         self.query_sum: torch.Tensor | None = None  # (b, kv, d) pre-RoPE, since last pop
         self.query_count = 0
-        self.heavy_scores: torch.Tensor | None = None  # (b, kv, capacity) for H2O
+        self.heavy_scores: torch.Tensor | None = None  # (b, kv, capacity): H2O's accumulated attention
         self.arm_selection: torch.Tensor | None = None  # probe: (A, kv, m)
         self.arm_valid: torch.Tensor | None = None  # probe: (A, 1, m)
         self.arm_prefix_limit: torch.Tensor | None = None  # probe: (A,)
@@ -96,12 +96,12 @@ class BudgetedLayer(DynamicLayer):
         # False: forwards past the prefill record no queries (a target's cache, whose summaries nobody reads,
         # or draft steps that a rollback discards anyway: `BatchedCache.keep_queries`)
         self.keeps_queries = True
-        self._window, self._capacity = policy.window, policy.selected  # read on every step (policy is frozen)
+        self._window, self._capacity = self.selector.window, self.selector.selected  # read on every step
         self.initial_capacity = 256  # positions allocated at the first forward (`BudgetedCache.expect_positions`)
         self._gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # selection, K, V, end
         self._ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # selection, K, V (single steps)
         self._ring_length = -1  # stored length the ring matches; -1: rebuild before use
-        self._scorer = make_scorer(policy.scorer, policy.obs_window, policy.pool_kernel)
+        self.scorer = make_scorer(policy.scorer, policy.obs_window, policy.pool_kernel)
         self._mass = SnapKVScorer(policy.obs_window, policy.pool_kernel)  # the query window's attention mass
         # probe: the query window's attention mass is summed from blocks of this many queries, each
         # computed once (keys and queries only grow there); None: the whole window at every rescoring
@@ -159,7 +159,7 @@ class BudgetedLayer(DynamicLayer):
     def working_set(self, query_position: int | None = None) -> list[list[int]]:
         """Positions a query at ``query_position`` (default: the next one) attends to, per KV head (batch 0)."""
         position = self.length if query_position is None else query_position
-        if self.policy.is_full or self.force_full or not self.prefilled:
+        if self.selector.full or self.force_full or not self.prefilled:
             return [list(range(position + 1)) for _ in range(self.keys.shape[1])]
         window = set(range(max(0, position - self.window + 1), position + 1))
         result = []
@@ -172,31 +172,18 @@ class BudgetedLayer(DynamicLayer):
 
     def _is_prefix(self) -> bool:
         """An unfilled selection: it keeps absorbing positions as they leave the window."""
-        return self.policy.selection != "h2o" and self.selection.shape[-1] < self.capacity
+        return self.selector.absorbs_prefix and self.selection.shape[-1] < self.capacity
 
     def _candidates_end(self, next_position: int) -> int:
         """Positions [0, end) lie outside the window of a query at ``next_position``."""
         return max(0, next_position - self.window + 1)
-
-    def _prefix_selection(self, end: int, rows: slice = slice(None)) -> torch.Tensor:
-        batch, n_kv = self.keys[rows].shape[:2]
-        count = min(self.capacity, end)
-        return torch.arange(count, device=self.keys.device).expand(batch, n_kv, count).contiguous()
 
     def compute_selection(self, rows: slice = slice(None)) -> torch.Tensor:
         """The selection a refresh would choose now, for a query at position ``self.length``.
 
         ``rows``: score only these batch rows (the probe skips arms whose selection it won't read).
         """
-        end = self._candidates_end(self.length)
-        policy = self.policy
-        if policy.selection == "prefix" or end <= self.capacity:
-            return self._prefix_selection(end, rows)
-        if policy.selection == "h2o":
-            scores = self.heavy_scores[rows, :, : self.length]
-        else:
-            scores = self._scorer.score(self.score_inputs(rows, end))
-        return select_topk(scores, self.capacity, end, policy.block_size)
+        return self.selector.select(self, rows, self._candidates_end(self.length))
 
     def score_inputs(self, rows: slice = slice(None), candidates: int | None = None) -> ScoreInputs:
         """What the policy's scorer reads to rescore the stored positions of ``rows`` now."""
@@ -257,7 +244,7 @@ class BudgetedLayer(DynamicLayer):
 
     def refresh(self) -> None:
         """Rescore every stored position outside the window with the latest queries (RIFT-dyn)."""
-        if self.policy.selection == "snapkv" and self.prefilled and self.query_buffer is not None:
+        if self.selector.prefill_scored and self.prefilled and self.query_buffer is not None:
             self._select()
 
     # ---- the update called by the attention module ---------------------------------------
@@ -268,7 +255,7 @@ class BudgetedLayer(DynamicLayer):
             return self._update_arms(key_states, value_states)
         first = self.length
         n_new = key_states.shape[2]
-        full = self.policy.is_full or self.force_full
+        full = self.selector.full or self.force_full
         if self.prefilled and self.selection is None and not full:
             self._select()
         if self.length == 0 and not self.prefilled:
@@ -283,10 +270,10 @@ class BudgetedLayer(DynamicLayer):
         selection = self.selection
         prefix_limit = None
         if self._is_prefix():
-            selection = self._prefix_selection(min(self.capacity, window_start))
+            selection = prefix_positions(self, min(self.capacity, window_start))
             prefix_limit = torch.tensor([self.capacity], device=self.keys.device)
         key_positions = None
-        if self.policy.selection == "h2o":  # H2O credits attention to the positions it lands on
+        if self.selector.observes_attention:  # its attention is credited to the positions it lands on
             window_positions = torch.arange(window_start, self.length, device=self.keys.device)
             key_positions = torch.cat([selection, window_positions.expand(*selection.shape[:2], -1)], -1)
         elif n_new == 1 and prefix_limit is None and first + 1 >= self.window:
@@ -340,7 +327,7 @@ class BudgetedLayer(DynamicLayer):
             or self._ring_length != self.length
             or self.arm_selection is not None
             or self.force_full
-            or self.policy.selection == "h2o"
+            or self.selector.observes_attention
             or self._is_prefix()
             or self.length + 1 < self.window
         ):
@@ -428,14 +415,14 @@ class BudgetedLayer(DynamicLayer):
     # ---- called from the attention function ------------------------------------------------
     def needs_probs(self, pending: PendingAttention) -> bool:
         """Whether this forward's attention probabilities are needed (H2O scores, retained mass)."""
-        return self.policy.selection == "h2o" and self.arm_selection is None
+        return self.selector.observes_attention and self.arm_selection is None
 
     def wants_full_probs(self, pending: PendingAttention) -> bool:
         return self.mass_targets is not None and self.prefilled
 
     def attends_everything(self) -> bool:
         """A prefilled full-policy layer outside the probe: each query sees every stored key up to itself."""
-        return self.policy.is_full and self.prefilled and self.arm_selection is None and self.mass_targets is None
+        return self.selector.full and self.prefilled and self.arm_selection is None and self.mass_targets is None
 
     def wants_queries(self) -> bool:
         """Whether the next forward's queries must reach `record_queries` (the prefill's always do)."""
@@ -452,12 +439,11 @@ class BudgetedLayer(DynamicLayer):
         so it keeps none) and the pre-RoPE query sum per group. ``group_mean``: `group_query_mean`
         of ``pre_rope_query`` when the caller has it (a batch computes it once for all rows).
         Callers skip it when `wants_queries` is False."""
-        batch, n_heads, n_queries, head_dim = query.shape
-        n_kv = self.keys.shape[1]
+        n_queries, n_kv = query.shape[2], self.keys.shape[1]
         if group_mean is None:
             group_mean = group_query_mean(pre_rope_query, n_kv)
         grouped_sum = group_mean.sum(2)
-        if not self.policy.is_full:  # probe arms keep theirs too: each arm's own queries score its own refreshes
+        if not self.selector.full:  # probe arms keep theirs too: each arm's own queries score its own refreshes
             positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
             if self.query_buffer is None:
                 self.query_buffer, self.query_positions = query, positions
@@ -471,12 +457,8 @@ class BudgetedLayer(DynamicLayer):
             return
         self.query_sum = grouped_sum if self.query_sum is None else self.query_sum + grouped_sum
         self.query_count += n_queries
-        if not self.prefilled and self.policy.selection == "h2o":
-            self.heavy_scores = torch.zeros(batch, n_kv, self.keys.shape[2], device=query.device)
-            self.heavy_scores[:, :, : self.length] = H2OScorer().prefill_scores(
-                query, self.stored_keys(), self.scaling, self.sinks
-            )
         if not self.prefilled:
+            self.selector.on_prefill(self, query)
             self.prefilled = True
             self.selection = None  # chosen lazily at the next update, once the prefill is complete
 
@@ -487,24 +469,8 @@ class BudgetedLayer(DynamicLayer):
         if pending.full and self.mass_targets is not None:
             self.retained = self._retained_mass(probs, pending)
             return
-        if self.policy.selection == "h2o" and not pending.full:
-            H2OScorer.accumulate(self.heavy_scores, probs, pending.key_positions)
-            self._h2o_evict(pending)
-
-    def _h2o_evict(self, pending: PendingAttention) -> None:
-        """Positions leaving the window compete with the heavy hitters; losers are gone for good."""
-        end = self._candidates_end(self.length)
-        start = max(0, pending.first_position - self.window + 1)
-        if end <= start:
-            return
-        leaving = torch.arange(start, end, device=self.keys.device).expand(*self.selection.shape[:2], -1)
-        candidates = torch.cat([self.selection, leaving], -1)
-        if candidates.shape[-1] <= self.capacity:
-            self.selection = candidates
-            return
-        scores = self.heavy_scores.gather(2, candidates)
-        keep = topk_lowest_first(scores, self.capacity)
-        self.selection = torch.sort(candidates.gather(2, keep), dim=-1).values
+        if self.selector.observes_attention and not pending.full:
+            self.selector.observe(self, probs, pending)
 
     def _retained_mass(self, probs: torch.Tensor, pending: PendingAttention) -> torch.Tensor:
         """Share of full-KV attention (b=1, kv, g, q, n) that each probe arm's working set holds."""
@@ -532,7 +498,7 @@ class BudgetedLayer(DynamicLayer):
 
     def current_retained_mass(self, n_queries: int = 8) -> float:
         """Full-KV attention mass of the latest ``n_queries`` queries that falls in their working sets."""
-        if self.policy.is_full or self.query_buffer is None or self.selection is None:
+        if self.selector.full or self.query_buffer is None or self.selection is None:
             return 1.0
         queries = self.query_buffer[:1, :, -n_queries:]
         positions = self.query_positions[-n_queries:]

@@ -121,6 +121,8 @@ def test_bad_request_is_refused_before_any_forward():
         list(probe_requests(model, [good, (_prompt(3, 20), [])], policy=policy, batch_size=2))
     with pytest.raises(ProbeError, match="batch_size"):
         list(probe_requests(model, [good], policy=policy, batch_size=0))
+    with pytest.raises(ProbeError, match="policy: probe arms cannot follow 'h2o'"):  # was an IndexError mid-probe
+        list(probe_requests(model, [good], policy=make_policy("h2o", budget=16, obs_window=8)))
 
 
 def test_batched_collection_writes_the_traces_of_one_request_at_a_time(tmp_path):
