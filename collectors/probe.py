@@ -36,6 +36,7 @@ from rift_ada.batch_cache import StackedArmsCache
 from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
+from rift_ada.probe_arms import arm_working_sets, expand_arms
 from rift_ada.speculative import acceptance_given_token
 
 
@@ -84,31 +85,6 @@ def _forward(
     positions = (first + offsets).expand(tokens.shape[0], -1)
     output = model(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return output.logits
-
-
-def _arm_working_sets(
-    layer: BudgetedLayer, selections: list[torch.Tensor], window_start: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pad per-arm selections to one tensor; unfilled (prefix) selections see positions < k."""
-    capacity = layer.capacity
-    device = layer.keys.device
-    padded, valid, prefix_limit = [], [], []
-    for selection in selections:
-        if selection.shape[-1] < capacity:  # unfilled: everything below k that precedes the window
-            count = min(capacity, window_start)
-            selection = torch.arange(count, device=device).expand(selection.shape[1], count)[None]
-            prefix_limit.append(capacity)
-        else:
-            prefix_limit.append(0)
-        size = selection.shape[-1]
-        pad = capacity - size
-        padded.append(torch.nn.functional.pad(selection[0], (0, pad)))
-        valid.append(torch.arange(capacity, device=device) < size)
-    return (
-        torch.stack(padded),
-        torch.stack(valid)[:, None, :],
-        torch.tensor(prefix_limit, device=device),
-    )
 
 
 def check_probe(
@@ -187,7 +163,7 @@ class _RequestProbe:
         for index, layer in enumerate(arms_cache.layers):
             if isinstance(layer, BudgetedLayer):
                 layer.force_full = False
-                layer.expand_batch(compressed)
+                expand_arms(layer, compressed)
             else:
                 arms_cache.layers[index].reorder_cache(expand)
         self.arm_layers = arms_cache.budgeted_layers
@@ -229,8 +205,8 @@ class _RequestProbe:
             for arm, s in enumerate(self.arm_refresh)
         ] + [self.stat_selection]
         for index, (layer, arm_layer) in enumerate(zip(self.layers, self.arm_layers, strict=True)):
-            working_set = _arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
-            arm_layer.arm_selection, arm_layer.arm_valid, arm_layer.arm_prefix_limit = working_set
+            working_set = arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
+            arm_layer.arms = working_set
             layer.mass_targets = [working_set]
         return self.tokens
 

@@ -40,9 +40,8 @@ from rift_ada.cache import (
     CacheError,
     grow_positions,
     grown_capacity,
-    layers_query_summary,
-    layers_retained_mass,
 )
+from rift_ada.probe_arms import layers_query_summary, layers_retained_mass
 
 
 class BatchedLayer(DynamicLayer):

@@ -23,6 +23,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rift_ada.attention import PendingAttention, group_query_mean, install, set_pending
 from rift_ada.budget import CachePolicy, make_policy, validate
+from rift_ada.probe_arms import ArmWorkingSets, arms_retained_mass, layers_query_summary, layers_retained_mass
 from rift_ada.scorers.inputs import ScoreInputs
 from rift_ada.scorers.registry import make_scorer
 from rift_ada.scorers.rope import RopeRotation, find_rope
@@ -86,11 +87,10 @@ class BudgetedLayer(DynamicLayer):
         self.query_sum: torch.Tensor | None = None  # (b, kv, d) pre-RoPE, since last pop
         self.query_count = 0
         self.heavy_scores: torch.Tensor | None = None  # (b, kv, capacity): H2O's accumulated attention
-        self.arm_selection: torch.Tensor | None = None  # probe: (A, kv, m)
-        self.arm_valid: torch.Tensor | None = None  # probe: (A, 1, m)
-        self.arm_prefix_limit: torch.Tensor | None = None  # probe: (A,)
+        # the probe (`rift_ada.probe_arms`): batch = arms, each with its working set; the canonical pass's targets
+        self.arms: ArmWorkingSets | None = None
         self.arm_query_sum: torch.Tensor | None = None  # probe: (A, kv, d) of the last arms pass
-        self.mass_targets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self.mass_targets: list[ArmWorkingSets] | None = None
         self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
         self.force_full = False  # probe: the canonical pass attends to everything and stores it
         # False: forwards past the prefill record no queries (a target's cache, whose summaries nobody reads,
@@ -165,12 +165,12 @@ class BudgetedLayer(DynamicLayer):
         result = []
         for head in range(self.keys.shape[1]):
             chosen = set(self.selection[0, head].tolist())
-            if self._is_prefix():
+            if self.is_unfilled():
                 chosen |= set(range(min(self.capacity, position + 1)))
             result.append(sorted(chosen | window))
         return result
 
-    def _is_prefix(self) -> bool:
+    def is_unfilled(self) -> bool:
         """An unfilled selection: it keeps absorbing positions as they leave the window."""
         return self.selector.absorbs_prefix and self.selection.shape[-1] < self.capacity
 
@@ -251,7 +251,7 @@ class BudgetedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.lazy_initialization(key_states[:1], value_states[:1])
-        if self.arm_selection is not None:
+        if self.arms is not None:
             return self._update_arms(key_states, value_states)
         first = self.length
         n_new = key_states.shape[2]
@@ -269,7 +269,7 @@ class BudgetedLayer(DynamicLayer):
         window_start = max(0, first - self.window + 1)
         selection = self.selection
         prefix_limit = None
-        if self._is_prefix():
+        if self.is_unfilled():
             selection = prefix_positions(self, min(self.capacity, window_start))
             prefix_limit = torch.tensor([self.capacity], device=self.keys.device)
         key_positions = None
@@ -325,10 +325,10 @@ class BudgetedLayer(DynamicLayer):
             ring is None
             or ring[0] is not self.selection
             or self._ring_length != self.length
-            or self.arm_selection is not None
+            or self.arms is not None
             or self.force_full
             or self.selector.observes_attention
-            or self._is_prefix()
+            or self.is_unfilled()
             or self.length + 1 < self.window
         ):
             return None
@@ -360,12 +360,12 @@ class BudgetedLayer(DynamicLayer):
         self._append(key_states, value_states)
         window_start = max(0, first - self.window + 1)
         return self._working_set(
-            self.arm_selection,
+            self.arms.selection,
             first,
             n_new,
             window_start,
-            selection_valid=self.arm_valid,
-            prefix_limit=self.arm_prefix_limit,
+            selection_valid=self.arms.valid,
+            prefix_limit=self.arms.prefix_limit,
         )
 
     def _selected_kv(self, selection: torch.Tensor, prefix: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,7 +379,7 @@ class BudgetedLayer(DynamicLayer):
             return cached[1], cached[2]
         index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
         keys, values = self.keys.gather(2, index), self.values.gather(2, index)
-        if self.arm_selection is None:
+        if self.arms is None:
             end = int(selection.max()) + 1 if selection.numel() else 0
             self._gathered = (selection, keys, values, end)
         return keys, values
@@ -388,7 +388,7 @@ class BudgetedLayer(DynamicLayer):
         self, selection: torch.Tensor, first: int, n_new: int, window_start: int, **mask_fields: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[selection | window] keys and values, and the attention note describing them."""
-        prefix = mask_fields.get("prefix_limit") is not None and self.arm_selection is None
+        prefix = mask_fields.get("prefix_limit") is not None and self.arms is None
         selected_keys, selected_values = self._selected_kv(selection, prefix)
         keys = torch.cat([selected_keys, self.keys[:, :, window_start : self.length]], 2)
         values = torch.cat([selected_values, self.values[:, :, window_start : self.length]], 2)
@@ -405,24 +405,17 @@ class BudgetedLayer(DynamicLayer):
         set_pending(self.layer_idx, pending)
         return keys, values
 
-    def expand_batch(self, repeats: int) -> None:
-        """Repeat the stored state ``repeats`` times along the batch (one history per probe arm)."""
-        self.keys = self.keys[:1].repeat(repeats, 1, 1, 1)
-        self.values = self.values[:1].repeat(repeats, 1, 1, 1)
-        if self.query_buffer is not None:
-            self.query_buffer = self.query_buffer[:1].repeat(repeats, 1, 1, 1)
-
     # ---- called from the attention function ------------------------------------------------
     def needs_probs(self, pending: PendingAttention) -> bool:
         """Whether this forward's attention probabilities are needed (H2O scores, retained mass)."""
-        return self.selector.observes_attention and self.arm_selection is None
+        return self.selector.observes_attention and self.arms is None
 
     def wants_full_probs(self, pending: PendingAttention) -> bool:
         return self.mass_targets is not None and self.prefilled
 
     def attends_everything(self) -> bool:
         """A prefilled full-policy layer outside the probe: each query sees every stored key up to itself."""
-        return self.selector.full and self.prefilled and self.arm_selection is None and self.mass_targets is None
+        return self.selector.full and self.prefilled and self.arms is None and self.mass_targets is None
 
     def wants_queries(self) -> bool:
         """Whether the next forward's queries must reach `record_queries` (the prefill's always do)."""
@@ -452,7 +445,7 @@ class BudgetedLayer(DynamicLayer):
                 self.query_positions = torch.cat([self.query_positions, positions])
             self.query_buffer = self.query_buffer[:, :, -self.policy.obs_window :]
             self.query_positions = self.query_positions[-self.policy.obs_window :]
-        if self.arm_selection is not None:
+        if self.arms is not None:
             self.arm_query_sum = grouped_sum
             return
         self.query_sum = grouped_sum if self.query_sum is None else self.query_sum + grouped_sum
@@ -464,65 +457,13 @@ class BudgetedLayer(DynamicLayer):
 
     def observe_attention(self, probs: torch.Tensor, pending: PendingAttention) -> None:
         """Per-step bookkeeping that needs the attention probabilities (H2O, retained mass)."""
-        if self.arm_selection is not None:
+        if self.arms is not None:
             return
         if pending.full and self.mass_targets is not None:
-            self.retained = self._retained_mass(probs, pending)
+            self.retained = arms_retained_mass(self, probs, pending, self.mass_targets)
             return
         if self.selector.observes_attention and not pending.full:
             self.selector.observe(self, probs, pending)
-
-    def _retained_mass(self, probs: torch.Tensor, pending: PendingAttention) -> torch.Tensor:
-        """Share of full-KV attention (b=1, kv, g, q, n) that each probe arm's working set holds."""
-        head_probs = probs[0].float()  # (kv, g, q, n)
-        n_keys = head_probs.shape[-1]
-        query_positions = torch.arange(
-            pending.first_position, pending.first_position + pending.n_new, device=probs.device
-        )
-        key_positions = torch.arange(n_keys, device=probs.device)
-        in_window = (key_positions[None, :] > query_positions[:, None] - self.window) & (
-            key_positions[None, :] <= query_positions[:, None]
-        )
-        window_mass = (head_probs * in_window).sum(-1)  # (kv, g, q)
-        masses = []
-        for selection, valid, prefix_limit in self.mass_targets:
-            arm_masses = []
-            for arm in range(selection.shape[0]):
-                visible = torch.zeros(selection.shape[1], n_keys, dtype=torch.bool, device=probs.device)
-                visible.scatter_(1, selection[arm], valid[arm].expand_as(selection[arm]))
-                visible[:, : int(prefix_limit[arm])] = True
-                extra = visible[:, None, None, :] & ~in_window[None, None]
-                arm_masses.append((window_mass + (head_probs * extra).sum(-1)).mean())
-            masses.append(torch.stack(arm_masses))
-        return torch.stack(masses).mean(0) if masses else torch.zeros(0)
-
-    def current_retained_mass(self, n_queries: int = 8) -> float:
-        """Full-KV attention mass of the latest ``n_queries`` queries that falls in their working sets."""
-        if self.selector.full or self.query_buffer is None or self.selection is None:
-            return 1.0
-        queries = self.query_buffer[:1, :, -n_queries:]
-        positions = self.query_positions[-n_queries:]
-        n_kv = self.keys.shape[1]
-        group = queries.shape[1] // n_kv
-        grouped = queries.reshape(1, n_kv, group, queries.shape[2], -1).float()
-        keys = self.stored_keys()[:1].float()
-        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, keys) * self.scaling
-        key_positions = torch.arange(keys.shape[2], device=keys.device)
-        causal = key_positions[None, :] <= positions[:, None]
-        logits = logits.masked_fill(~causal, float("-inf"))
-        if self.sinks is not None:
-            sink = self.sinks.float().reshape(1, n_kv, group, 1, 1).expand(1, -1, -1, logits.shape[3], 1)
-            probs = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
-        else:
-            probs = torch.softmax(logits, -1)
-        visible = (key_positions[None, :] > positions[:, None] - self.window) & causal  # (q, n)
-        visible = visible[None].expand(n_kv, -1, -1).clone()
-        chosen = torch.zeros(n_kv, keys.shape[2], dtype=torch.bool, device=keys.device)
-        chosen.scatter_(1, self.selection[0], True)
-        if self._is_prefix():
-            chosen[:, : self.capacity] = True
-        visible |= chosen[:, None, :] & causal[None]
-        return float((probs[0] * visible[:, None]).sum(-1).mean())
 
     # ---- bookkeeping for the draft/verify loop -----------------------------------------------
     def pop_query_summary(self) -> torch.Tensor | None:
@@ -659,20 +600,6 @@ class BudgetedCache(DynamicCache):
 
     def restore(self, states: list[Any]) -> None:
         restore_cache(self, states)
-
-
-def layers_query_summary(layers: list[BudgetedLayer]) -> list[list[list[float]]] | None:
-    """Per layer, per KV group: mean pre-RoPE query (batch row 0) since the last call; None if none."""
-    summaries = [layer.pop_query_summary() for layer in layers]
-    if any(summary is None for summary in summaries):
-        return None
-    return [summary[0].tolist() for summary in summaries]
-
-
-def layers_retained_mass(layers: list[BudgetedLayer], n_queries: int = 8) -> float:
-    """Mean over ``layers`` of the full-KV attention mass their working sets hold."""
-    masses = [layer.current_retained_mass(n_queries) for layer in layers]
-    return float(sum(masses) / len(masses))
 
 
 def make_draft_cache(model: torch.nn.Module, policy: CachePolicy) -> BudgetedCache:
