@@ -74,7 +74,7 @@ def run_model(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
-    from rift_ada.collectors.loops import repeated_ngram_share
+    from rift_ada.collectors.loops import LoopDetector
     from rift_ada.collectors.targets.generate import generate_response
     from rift_ada.models import load_model, resolve_preset
     from rift_ada.speculative import BatchRequest, speculative_generate_batch
@@ -89,7 +89,7 @@ def run_model(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             generate_response(model, prompt, max_new_tokens=args.tokens, temperature=temperature, seed=args.seed + i)
             for i, prompt in enumerate(prompts)
         ]
-        loops = [repeated_ngram_share(response, 4) for response in responses]
+        loops = [LoopDetector().share(response) for response in responses]
         requests, labels, hooks = [], [], []
         for index, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
             budget = max(96, int(round(args.budget_share * len(prompt))))
@@ -115,7 +115,7 @@ def run_model(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
         out["temperatures"][f"{temperature:g}"] = {
             "loop_share": loops,
-            "looping": [share >= 0.5 for share in loops],
+            "looping": flag_looping(loops),
             "osl": [len(response) for response in responses],
             "runs": runs,
             "seconds": round(time.time() - started, 1),
@@ -123,6 +123,13 @@ def run_model(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         print(f"{model_name} T={temperature:g}: {time.time() - started:.0f} s, loop shares {loops}", flush=True)
     del model
     return out
+
+
+def flag_looping(shares: list[float]) -> list[bool]:
+    """The bench's loop rule (`collectors/loops.py` LoopDetector: seq-rep-4 at or above its threshold)."""
+    from rift_ada.collectors.loops import LoopDetector
+
+    return [share >= LoopDetector().threshold for share in shares]
 
 
 def _quarter_means(pairs: list[list[float]], length: int) -> list[float | None]:
@@ -230,6 +237,8 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rift_ada.collectors.loops import LoopDetector
+
     settings = data["settings"]
     lines = [
         BEGIN,
@@ -239,18 +248,18 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
             f"- Command: `{run['command']}` at commit `{run['commit']}` ({run['seconds']:.0f} s)"
             for run in data["runs"]
         ],
-        f"- {settings['requests']} embedded prompts per model (ISL bucket {settings['isl']}, each model's own "
-        f"tokenizer), {settings['tokens']} output tokens, K = {settings['draft_length']}, teacher-forced closed "
+        f"- Embedded prompts (ISL bucket {settings['isl']}, each model's own tokenizer; the number of requests "
+        f"and output tokens of each cell under its heading), K = {settings['draft_length']}, teacher-forced closed "
         f"loop (the target's own response), B = {settings['budget_share']:g} × ISL per request (matched "
         "compression), seed " + str(settings["seed"]) + ". Gemma3's budget applies to its 3 full-attention layers; "
         "its 15 sliding layers keep their 512-token window.",
         "- Retained mass: the share of full-KV attention of the last 8 queries that the working set holds "
-        "(mean over full-attention layers and heads), after each round. Looping: seq-rep-4 ≥ 0.5 "
+        "(mean over full-attention layers and heads), after each round. Looping: the bench's rule, seq-rep-4 ≥ "
+        f"{LoopDetector().threshold:g} "
         "(collectors/loops.py); looping requests are listed and left out of the tables below (all-request "
         "figures in the JSON).",
         "- Wall times are on the shared 2-core machine (other sessions' work running beside it).",
-        f"- Size: {settings['requests']} request(s) × {settings['tokens']} output tokens per model and temperature. "
-        "The findings give paired-bootstrap 95% CIs over the requests kept (`calibrate/bootstrap.py`, BCa) and, "
+        "- The findings give paired-bootstrap 95% CIs over the requests kept (`calibrate/bootstrap.py`, BCa) and, "
         "where a CI holds 0, the size a decision would need (`calibrate/curve.py` power); the tables are means. "
         "A RIFT-dyn interval at or above the output length never refreshes (it equals RIFT-stat by construction).",
         "",
@@ -270,7 +279,8 @@ def render(data: dict[str, Any], plot_dir: Path, page_dir: Path) -> str:
             lines += [
                 f"### {model['model']}, T = {temperature}",
                 "",
-                f"Loop share per request (seq-rep-4): {loops}; {kept} of {len(cell['looping'])} requests kept.",
+                f"{len(cell['osl'])} request(s) × up to {max(cell['osl'])} output tokens. Loop share per request "
+                f"(seq-rep-4): {loops}; {kept} of {len(cell['looping'])} requests kept.",
                 "",
             ]
             summary = summarise(cell, keep_looping=False)
@@ -444,6 +454,8 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
             continue
         merged = dict(files[0]["model"], temperatures={})
         for file in files:
+            for cell in file["model"]["temperatures"].values():  # files written before the bench's rule
+                cell["looping"] = flag_looping(cell["loop_share"])
             merged["temperatures"].update(file["model"]["temperatures"])
             data["runs"].append({key: file["settings"][key] for key in ("command", "commit", "seconds")})
         data["models"].append(merged)
