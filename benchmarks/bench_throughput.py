@@ -86,7 +86,9 @@ def measure_gemm(hidden: int, intermediate: int, dtype: torch.dtype, rows: tuple
 
 # ---- the model's cost per forward ------------------------------------------------------------------
 def model_costs(model: Any) -> dict[str, float]:
-    """Linear weight bytes and parameters (tied weights once), layers, heads, head dim, KV heads, element size."""
+    """Linear weight bytes and parameters (tied weights once: Gemma3's lm_head is its embedding), heads, head
+    dim, KV heads, element size, vocabulary, and the attention layers: ``full_layers`` read every stored key,
+    ``sliding_layers`` at most ``window`` of them (``config.layer_types``; other layer kinds read no KV)."""
     seen, params, weight_bytes = set(), 0, 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.data_ptr() not in seen:
@@ -95,29 +97,41 @@ def model_costs(model: Any) -> dict[str, float]:
             weight_bytes += module.weight.numel() * module.weight.element_size()
     config = model.config
     heads = config.num_attention_heads
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     return {
         "params": params,
         "weight_bytes": weight_bytes,
         "layers": config.num_hidden_layers,
+        "full_layers": sum(kind == "full_attention" for kind in kinds),
+        "sliding_layers": sum(kind == "sliding_attention" for kind in kinds),
+        "window": getattr(config, "sliding_window", None) or 0,
         "heads": heads,
         "kv_heads": getattr(config, "num_key_value_heads", heads),
         "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
         "element": next(model.parameters()).element_size(),
         "hidden": config.hidden_size,
         "intermediate": config.intermediate_size,
+        "vocab": config.vocab_size,
     }
+
+
+def layer_keys(costs: dict[str, float], keys: float, context: float) -> float:
+    """Keys read per row summed over the attention layers: a full layer reads ``keys`` (its budget or the whole
+    context), a sliding layer at most its window of the context (a budget never applies to it)."""
+    return costs["full_layers"] * keys + costs["sliding_layers"] * min(costs["window"], context)
 
 
 def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float, gemm: float, budget: int) -> dict:
     """Seconds per committed token under the memory and the compute floor, from the cell's own shape."""
     batch, context = cell["batch"], cell["mean_context"]
-    layers, heads, kv_heads, head_dim = costs["layers"], costs["heads"], costs["kv_heads"], costs["head_dim"]
-    kv_bytes_per_key = 2 * layers * kv_heads * head_dim * costs["element"]
+    heads, kv_heads, head_dim = costs["heads"], costs["kv_heads"], costs["head_dim"]
+    kv_bytes_per_key = 2 * kv_heads * head_dim * costs["element"]  # one layer's
 
     def forward(tokens: float, rows: float, keys_per_row: float) -> tuple[float, float]:
         """(bytes, FLOPs) of one forward: ``rows`` rows, ``tokens`` tokens in all, each row reads its keys once."""
-        flops = 2 * costs["params"] * tokens + 4 * layers * heads * head_dim * keys_per_row * tokens
-        return costs["weight_bytes"] + kv_bytes_per_key * keys_per_row * rows, flops
+        keys = layer_keys(costs, keys_per_row, context)
+        flops = 2 * costs["params"] * tokens + 4 * heads * head_dim * keys * tokens
+        return costs["weight_bytes"] + kv_bytes_per_key * keys * rows, flops
 
     working = min(budget, context)
     if cell["stage"] == "targets":
@@ -134,6 +148,52 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
     memory = sum(p[0] for p in parts) / bandwidth
     compute = sum(p[1] for p in parts) / gemm
     return {"memory_tok_s": committed / memory, "compute_tok_s": committed / compute}
+
+
+def cell_memory(stage: str, batch: int, costs: dict[str, float], isl: int, tokens: int, arms: int) -> float:
+    """Bytes a cell holds beyond the loaded model (an estimate): the KV histories of its ``batch`` requests
+    (closed loop: draft + target cache; probe: the canonical cache + one per compressed arm; targets: one), each
+    of ISL + tokens positions (a sliding layer stores at most its window), and the logits of its widest forward."""
+    length = isl + tokens
+    per_history = 2 * costs["kv_heads"] * costs["head_dim"] * costs["element"] * layer_keys(costs, length, length)
+    histories = {"closed": 2, "probe": arms + 1, "targets": 1}[stage]
+    rows = {"closed": DRAFT_LENGTH + 1, "probe": arms * 8, "targets": 1}[stage]
+    return batch * (histories * per_history + rows * costs["vocab"] * 4)
+
+
+def probe_arms_for(tokens: int) -> int:
+    """Compressed arms a probe of ``tokens`` response tokens runs (ages that refresh within it, plus ``stat``)."""
+    from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
+
+    return 1 + sum(1 for age in DEFAULT_ARM_AGES if age // 8 < -(-tokens // 8) - 1)
+
+
+def available_bytes() -> float:
+    """The kernel's MemAvailable (inf where /proc/meminfo is not there)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def rss_gib(field: str) -> float:
+    """``VmHWM`` (peak since the last reset) or ``VmRSS`` (now) of this process, GiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1]) / 2**20
+    raise KeyError(field)
 
 
 # ---- requests --------------------------------------------------------------------------------------
@@ -181,6 +241,8 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
     eos = job.get("eos")
     policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
     out: dict[str, Any] = {"stage": stage, "batch": batch}
+    per_cell = reset_peak_rss()  # so VmHWM is this cell's peak, not the worker's so far
+    out["start_rss_gib"] = rss_gib("VmRSS")
     start, cpu = time.perf_counter(), time.process_time()
     if stage == "targets":
         asks = [ResponseRequest(p, tokens, i, tokens) for i, p in enumerate(chosen)]
@@ -199,29 +261,32 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         out["result"] = [[r.tokens, [x.accepted for x in r.rounds], r.refreshes] for r in result]
     else:
         from rift_ada.collectors.probe import probe_requests
-        from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
 
         texts = [(p, r[:tokens]) for p, r in zip(chosen, responses, strict=False)]
         result = dict(probe_requests(model, texts, policy=policy, batch_size=batch))
         out["tokens"] = sum(len(r) for _, r in texts)
-        out["arms"] = 1 + sum(1 for age in DEFAULT_ARM_AGES if age // 8 < -(-tokens // 8) - 1)
+        out["arms"] = probe_arms_for(tokens)
         out["result"] = [[float(result[i].outcome.sum()), float(result[i].entropy.sum())] for i in range(len(texts))]
     out["seconds"] = time.perf_counter() - start
     out["cpu_seconds"] = time.process_time() - cpu
-    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the worker's, so far
+    out["peak_rss_gib"] = rss_gib("VmHWM") if per_cell else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["peak_rss_scope"] = "cell" if per_cell else "worker so far"
     out["mean_context"] = statistics.mean(len(p) for p in chosen) + tokens / 2
     return out
 
 
-def time_prefills(model: Any, prompts: list[list[int]]) -> float:
-    """Seconds of one full-KV forward of each prompt but its last token (what every stage pays per request)."""
+def time_prefills(model: Any, prompts: list[list[int]]) -> list[float]:
+    """CPU seconds of one full-KV forward of each prompt but its last token (what every stage pays per request);
+    a cell of b requests pays the first b."""
     from transformers import DynamicCache
 
-    start = time.process_time()
+    seconds = []
     with torch.no_grad():
         for prompt in prompts:
-            model(input_ids=torch.tensor([prompt[:-1]]), cache=DynamicCache(config=model.config))
-    return time.process_time() - start
+            start = time.process_time()
+            model(input_ids=torch.tensor([prompt[:-1]]), cache=DynamicCache(config=model.config), logits_to_keep=1)
+            seconds.append(time.process_time() - start)
+    return seconds
 
 
 def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]]) -> dict:
@@ -290,6 +355,7 @@ def worker(args: argparse.Namespace) -> int:
 
     cap_heap_growth()
     import rift_ada.collectors.probe  # noqa: F401  (every module now: later edits of the tree don't leak in)
+
     try:
         import rift_ada.collectors.targets.generate  # noqa: F401
     except ImportError:  # an --against tree from before collectors/targets/
@@ -319,8 +385,13 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+class WorkerDied(RuntimeError):
+    """The worker process ended before answering (the kernel's OOM killer sends signal 9)."""
+
+
 class Worker:
     def __init__(self, argv: list[str], tree: str | None):
+        self.argv, self.tree = argv, tree
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         if tree:
             env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
@@ -333,7 +404,9 @@ class Worker:
     def _read(self) -> dict[str, Any]:
         line = self.process.stdout.readline()
         if not line:
-            raise SystemExit(f"worker exited with {self.process.wait()}")
+            code = self.process.wait()
+            why = " (signal 9: killed, most likely out of memory)" if code == -9 else ""
+            raise WorkerDied(f"worker exited with {code}{why}")
         return json.loads(line)
 
     def ask(self, job: dict[str, Any]) -> dict[str, Any]:
@@ -418,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     gemm = max(rates.values())
     if args.random_responses:
         generator = torch.Generator().manual_seed(args.seed)
-        vocab = 96 if args.quick else 49152
+        vocab = int(costs["vocab"])
         length = max(args.tokens, args.probe_tokens)
         randoms = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(max(args.batches))]
         for w in workers.values():
@@ -433,25 +506,38 @@ def main(argv: list[str] | None = None) -> int:
             w.ask({"stage": "responses", "responses": responses})
     stages = args.stages.split(",")
     cells: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for stage in stages:
         for batch in args.batches:
             job = {"stage": stage, "batch": batch, "budget": args.budget,
                    "tokens": args.probe_tokens if stage == "probe" else args.tokens}  # fmt: skip
+            need = cell_memory(stage, batch, costs, args.isl, job["tokens"], probe_arms_for(job["tokens"]))
+            free = available_bytes()
+            if need > 0.9 * free:  # the kernel would kill the worker (or the machine's other jobs) part way
+                reason = f"needs ~{need / 2**30:.1f} GiB of KV and logits, {free / 2**30:.1f} GiB available"
+                skipped.append({"stage": stage, "batch": batch, "reason": reason})
+                print(f"[cell] {stage} batch {batch}: skipped, {reason}", file=sys.stderr, flush=True)
+                continue
             for repeat in range(args.repeats):
                 order = list(workers) if repeat % 2 == 0 else list(workers)[::-1]
                 for name in order:
                     if name == "old" and args.against_batches and str(batch) not in args.against_batches.split(","):
                         continue
-                    cell = workers[name].ask(job)
+                    try:
+                        cell = workers[name].ask(job)
+                    except WorkerDied as died:  # say so, and go on with a fresh worker
+                        skipped.append({"stage": stage, "batch": batch, "code": name, "reason": str(died)})
+                        print(f"[cell] {stage} batch {batch} {name}: {died}", file=sys.stderr, flush=True)
+                        workers[name] = Worker(workers[name].argv, workers[name].tree)
+                        workers[name].ask({"stage": "responses", "responses": responses})
+                        continue
                     cell["code"] = name
                     cells.append(cell)
                     rate, cpu_rate = cell["tokens"] / cell["seconds"], cell["tokens"] / cell["cpu_seconds"]
                     line = f"[cell] {stage} batch {batch} {name}: {rate:.1f} tok/s, {cpu_rate:.1f} tok/CPU-s"
                     print(line, file=sys.stderr, flush=True)
-    prefills = {
-        b: 0.0 if args.no_prefill_timing else workers["new"].ask({"stage": "prefill", "batch": b})["prefill"]
-        for b in args.batches
-    }
+    each = [] if args.no_prefill_timing else workers["new"].ask({"stage": "prefill", "batch": max(args.batches)})
+    prefills = {b: sum(each["prefill"][:b]) if each else 0.0 for b in args.batches}
     profile = (
         workers["new"].ask({"stage": "profile", "batch": args.profile, "budget": args.budget}) if args.profile else None
     )
@@ -476,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     gemms = ", ".join(f"M={m}: {r / 1e9:.1f}" for m, r in rates.items())
     print(f"  machine: copy bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM {shape} {gemms} GFLOP/s")
     print(f"  model: {costs['params'] / 1e6:.1f} M Linear parameters, {costs['weight_bytes'] / 2**20:.0f} MiB weights")
-    columns = ("stage", "batch", "code", "tok/s", "decode", "mem floor", "gemm floor", "%mem", "%gemm", "RSS GiB")
+    columns = ("stage", "batch", "code", "tok/s", "decode", "mem floor", "gemm floor", "%mem", "%gemm", "peak GiB",
+               "start GiB")  # fmt: skip
     print("  " + " ".join(f"{c:>10}" for c in columns))
     summary = []
     for stage in stages:
@@ -493,15 +580,19 @@ def main(argv: list[str] | None = None) -> int:
                 row = {
                     "stage": stage, "batch": batch, "code": name, "tok_s": rate, "decode_tok_s": decode, **floor,
                     "seconds": [c["seconds"] for c in mine], "tokens": tok, "rounds": mine[0].get("rounds"),
-                    "peak_rss_gib": mine[-1]["peak_rss_gib"],
+                    "peak_rss_gib": max(c["peak_rss_gib"] for c in mine), "start_rss_gib": mine[0]["start_rss_gib"],
+                    "peak_rss_scope": mine[0]["peak_rss_scope"],
                 }  # fmt: skip
                 summary.append(row)
                 values = (
                     stage, batch, name, f"{rate:.1f}", f"{decode:.1f}", f"{floor['memory_tok_s']:.1f}",
                     f"{floor['compute_tok_s']:.1f}", f"{100 * decode / floor['memory_tok_s']:.0f}%",
-                    f"{100 * decode / floor['compute_tok_s']:.0f}%", f"{mine[-1]['peak_rss_gib']:.2f}",
+                    f"{100 * decode / floor['compute_tok_s']:.0f}%", f"{row['peak_rss_gib']:.2f}",
+                    f"{row['start_rss_gib']:.2f}",
                 )  # fmt: skip
                 print("  " + " ".join(f"{v:>10}" for v in values))
+    for miss in skipped:
+        print(f"  {miss['stage']} batch {miss['batch']}: not measured, {miss['reason']}")
     if args.against:
         rate = {(r["stage"], r["batch"], r["code"]): r["tok_s"] for r in summary}
         result = {(c["stage"], c["batch"], c["code"]): c["result"] for c in cells}
@@ -509,10 +600,11 @@ def main(argv: list[str] | None = None) -> int:
             for batch in args.batches:
                 if (stage, batch, "old") not in rate:
                     continue
-                same = result[(stage, batch, "new")] == result[(stage, batch, "old")]
+                same = result.get((stage, batch, "new")) == result[(stage, batch, "old")]
                 ratios = ", ".join(
                     f"new {b} / old {batch} {rate[(stage, b, 'new')] / rate[(stage, batch, 'old')]:.2f}x"
                     for b in args.batches
+                    if (stage, b, "new") in rate
                 )
                 print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}")
     if profile:
@@ -523,8 +615,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name:20} {seconds * 1e3:8.1f} ms  {100 * seconds / total:5.1f}%")
         print("    top ops (self CPU): " + "; ".join(f"{n} {s * 1e3:.1f} ms" for s, n in profile["top"][:8]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cells": summary, "profile": profile, "bandwidth": bandwidth,
-                                               "gemm": rates, "prefill": prefills}, indent=1))  # fmt: skip
+        figures = {"cells": summary, "profile": profile, "bandwidth": bandwidth, "gemm": rates, "prefill": prefills,
+                   "skipped": skipped, "costs": costs, "load": [load_before, load_after]}  # fmt: skip
+        Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
 
 
