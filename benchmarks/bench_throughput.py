@@ -1,6 +1,7 @@
 """Where the limit is: closed loop, probe and target generation tokens/s against batch size, beside the roofline.
 
     .venv/bin/python benchmarks/bench_throughput.py                      # SmolLM2-135M, batches 1 4 8 16 32
+    .venv/bin/python benchmarks/bench_throughput.py --batches 1,16,64 --preset gemma3-270m   # any batches, preset
     .venv/bin/python benchmarks/bench_throughput.py --quick              # tiny random llama, < 60 s (a test runs it)
     .venv/bin/python benchmarks/bench_throughput.py --against /tmp/old   # + the same cells on other code, interleaved
     .venv/bin/python benchmarks/bench_throughput.py --profile 16         # + a profile of one closed-loop round, B = 16
@@ -23,21 +24,32 @@ is measured side by side.
 
 Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and
 the best GEMM rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over
-contexts c streams the weights of every Linear (the lm_head included) plus the KV it reads, and
-costs 2 n P + 4 n L H d c FLOPs; its floor is max(bytes / bandwidth, FLOPs / GEMM rate). A stage's
+contexts c streams the weights of every Linear (the lm_head included, a tied embedding once: Gemma3's
+262K-row lm_head is its embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys
+read summed over the layers: a full-attention layer reads c (or the budget), a sliding-window layer
+(Gemma3: 15 of 18, window 512) at most its window, budgeted or not; its floor is
+max(bytes / bandwidth, FLOPs / GEMM rate). A stage's
 floor per committed token adds its forwards: closed loop per round K single-token draft steps over
 the budget, one verification of K + 1 tokens over the full context, one re-feed of AL tokens over
 the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
 canonical pass over the full context; targets one forward of b tokens over the full context.
 ``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the
 bound that stops the stage. Both machine figures are the best of many tries, before and after the
-cells (other jobs on a shared machine only slow some tries). RSS: the worker's peak so far.
-Torch runs on 1 thread by default (a shared machine).
+cells (other jobs on a shared machine only slow some tries).
+
+Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
+/proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker
+so far"), so it includes the loaded model and what earlier cells left in the worker's heap, shown as
+``start GiB``. A cell whose estimated KV histories and logits (`cell_memory`) exceed 90 % of
+MemAvailable is skipped, and a worker the kernel kills mid-cell (it sets its oom_score_adj to 1000, so it
+goes before the machine's other jobs) is reported and replaced; both are
+listed as "not measured" with the reason, and the run goes on. Torch runs on 1 thread by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -348,7 +360,12 @@ def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], res
 
 
 def worker(args: argparse.Namespace) -> int:
-    """Read jobs (JSON lines) on stdin, answer each with a JSON line on stdout."""
+    """Read jobs (JSON lines) on stdin, answer each with a JSON line on stdout.
+
+    The worker asks to be the kernel's first choice when memory runs out (oom_score_adj 1000), so a cell
+    too large for a shared machine ends this worker, which the run reports, not another job."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text("1000")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     from rift_ada.memory import cap_heap_growth

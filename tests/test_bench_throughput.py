@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,9 +23,51 @@ def test_quick_throughput_benchmark_reports_every_cell_beside_its_floors(tmp_pat
     assert set(cells) == {(stage, batch) for stage in ("closed", "probe", "targets") for batch in (1, 4)}
     for cell in cells.values():
         assert cell["tok_s"] > 0 and cell["memory_tok_s"] > 0 and cell["compute_tok_s"] > 0
+        assert cell["peak_rss_scope"] == "cell" and cell["peak_rss_gib"] >= cell["start_rss_gib"] > 0
     assert cells[("closed", 4)]["tokens"] == 4 * cells[("closed", 1)]["tokens"]  # four requests of 16 tokens
+    assert figures["skipped"] == []
     assert figures["bandwidth"] > 1e8 and max(figures["gemm"].values()) > 1e8
     groups = figures["profile"]["groups"]
     assert set(groups) == {"gemm", "attention", "cache ops", "other ops", "python and dispatch"}
     assert groups["gemm"] > 0 and sum(groups.values()) <= figures["profile"]["wall"] * 1.05
     assert "profile of one closed-loop round at batch 4" in done.stdout
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_throughput", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Gemma3-270M's shapes: 15 sliding-window layers (512) and 3 full ones, 1 KV head of 256, a tied 262K lm_head
+GEMMA3 = {
+    "params": 268e6, "weight_bytes": 268e6 * 4, "layers": 18, "full_layers": 3, "sliding_layers": 15,
+    "window": 512, "heads": 4, "kv_heads": 1, "head_dim": 256, "element": 4, "vocab": 262144,
+}  # fmt: skip
+
+
+def test_a_sliding_layer_reads_at_most_its_window_and_a_budget_binds_only_the_full_layers():
+    bench = load_bench()
+    assert bench.layer_keys(GEMMA3, 128, 2048) == 3 * 128 + 15 * 512
+    assert bench.layer_keys(GEMMA3, 300, 300) == 18 * 300
+    llama = {**GEMMA3, "full_layers": 18, "sliding_layers": 0, "window": 0}
+    assert bench.layer_keys(llama, 128, 2048) == 18 * 128
+
+    def memory_floor(costs: dict, context: float) -> float:
+        cell = {"stage": "targets", "batch": 16, "mean_context": context}
+        return bench.stage_floor(cell, costs, bandwidth=1e10, gemm=1e11, budget=128)["memory_tok_s"]
+
+    # beyond the window only the 3 full layers' KV grows: the floor falls far less than an all-full model's
+    gemma_drop = memory_floor(GEMMA3, 512) / memory_floor(GEMMA3, 4096)
+    llama_drop = memory_floor(llama, 512) / memory_floor(llama, 4096)
+    assert 1 < gemma_drop < llama_drop
+
+
+def test_cell_memory_counts_each_stage_s_kv_histories_and_widest_logits():
+    bench = load_bench()
+    per_history = 2 * 1 * 256 * 4 * (3 * 2064 + 15 * 512)  # ISL 2048 + 16 tokens
+    assert bench.cell_memory("targets", 16, GEMMA3, 2048, 16, 5) == 16 * (per_history + 262144 * 4)
+    assert bench.cell_memory("closed", 16, GEMMA3, 2048, 16, 5) == 16 * (2 * per_history + 12 * 262144 * 4)
+    assert bench.cell_memory("probe", 2, GEMMA3, 2048, 16, 5) == 2 * (6 * per_history + 40 * 262144 * 4)
