@@ -22,28 +22,28 @@ With ``--against DIR`` a second worker imports rift_ada from DIR (a package tree
 made by ``--make-tree``) and every cell runs on both, alternately, so the ratio new/old of one cell
 is measured side by side.
 
-Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and
-the best GEMM rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over
-contexts c streams the weights of every Linear (the lm_head included, a tied embedding once: Gemma3's
-262K-row lm_head is its embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys
-read summed over the layers: a full-attention layer reads c (or the budget), a sliding-window layer
-(Gemma3: 15 of 18, window 512) at most its window, budgeted or not; its floor is
-max(bytes / bandwidth, FLOPs / GEMM rate). A stage's
-floor per committed token adds its forwards: closed loop per round K single-token draft steps over
-the budget, one verification of K + 1 tokens over the full context, one re-feed of AL tokens over
-the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
-canonical pass over the full context; targets one forward of b tokens over the full context.
-``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the
-bound that stops the stage. Both machine figures are the best of many tries, before and after the
-cells (other jobs on a shared machine only slow some tries).
+Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and the
+best GEMM rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over contexts c
+streams the weights of every Linear (the lm_head included, a tied embedding once: Gemma3's 262K-row
+lm_head is its embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys read
+summed over the layers: a full-attention layer reads c (or the budget), a sliding-window layer (Gemma3:
+15 of 18, window 512) at most its window, budgeted or not; its floor is max(bytes / bandwidth, FLOPs /
+GEMM rate). A stage's floor per committed token adds its forwards: closed loop per round K single-token
+draft steps over the budget, one verification of K + 1 tokens over the full context, one re-feed of AL
+tokens over the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
+canonical pass over the full context; targets one forward of b tokens over the full context. ``%mem``
+and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the bound that stops
+the stage. Both machine figures are the best of many tries, before and after the cells (other jobs on a
+shared machine only slow some tries).
 
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
-/proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker
-so far"), so it includes the loaded model and what earlier cells left in the worker's heap, shown as
-``start GiB``. A cell whose estimated KV histories and logits (`cell_memory`) exceed 90 % of
-MemAvailable is skipped, and a worker the kernel kills mid-cell (it sets its oom_score_adj to 1000, so it
-goes before the machine's other jobs) is reported and replaced; both are
-listed as "not measured" with the reason, and the run goes on. Torch runs on 1 thread by default.
+/proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
+far"), so it includes the loaded model and what earlier cells left in the worker's heap, shown as
+``start GiB``; ``--fresh-worker`` runs every cell in a new worker (one model load each), so ``start
+GiB`` is the loaded model alone. A cell whose estimated KV histories and logits (`cell_memory`) exceed
+90 % of MemAvailable is skipped, and a worker the kernel kills mid-cell (it sets its oom_score_adj to
+1000, so it goes before the machine's other jobs) is reported and replaced; both are listed as "not
+measured" with the reason, and the run goes on. Torch runs on 1 thread by default.
 """
 
 from __future__ import annotations
@@ -283,6 +283,7 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
     out["cpu_seconds"] = time.process_time() - cpu
     out["peak_rss_gib"] = rss_gib("VmHWM") if per_cell else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["peak_rss_scope"] = "cell" if per_cell else "worker so far"
+    out["worker_pid"] = os.getpid()
     out["mean_context"] = statistics.mean(len(p) for p in chosen) + tokens / 2
     return out
 
@@ -436,6 +437,15 @@ class Worker:
         self.process.wait()
 
 
+def fresh(worker: Worker, responses: list[list[int]]) -> Worker:
+    """A new worker of the same code in place of ``worker`` (closed, or dead), given the shared responses."""
+    if worker.process.poll() is None:
+        worker.close()
+    replacement = Worker(worker.argv, worker.tree)
+    replacement.ask({"stage": "responses", "responses": responses})
+    return replacement
+
+
 def make_tree(commit: str, destination: str) -> None:
     """A package tree of rift_ada at ``commit`` (rift_ada/ with collectors/, policies/, calibrate/, experiments/ and
     cli/ inside; experiments/ only from the commit that split it off calibrate/)."""
@@ -471,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         "--random-responses", action="store_true", help="force random responses (no generation: memory runs)"
     )
     parser.add_argument("--wall", action="store_true", help="rates per wall second (default: per CPU second)")
+    parser.add_argument(
+        "--fresh-worker", action="store_true", help="every cell in a new worker (its peak RSS is the cell's alone)"
+    )
     parser.add_argument("--no-prefill-timing", action="store_true", help="decode = tok/s (saves a prefill per request)")
     parser.add_argument("--against-batches", help="batches the --against code runs (default: every one)")
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
@@ -540,13 +553,14 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     if name == "old" and args.against_batches and str(batch) not in args.against_batches.split(","):
                         continue
+                    if args.fresh_worker:  # nothing an earlier cell (or the responses) left in the heap counts
+                        workers[name] = fresh(workers[name], responses)
                     try:
                         cell = workers[name].ask(job)
                     except WorkerDied as died:  # say so, and go on with a fresh worker
                         skipped.append({"stage": stage, "batch": batch, "code": name, "reason": str(died)})
                         print(f"[cell] {stage} batch {batch} {name}: {died}", file=sys.stderr, flush=True)
-                        workers[name] = Worker(workers[name].argv, workers[name].tree)
-                        workers[name].ask({"stage": "responses", "responses": responses})
+                        workers[name] = fresh(workers[name], responses)
                         continue
                     cell["code"] = name
                     cells.append(cell)
@@ -598,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     "stage": stage, "batch": batch, "code": name, "tok_s": rate, "decode_tok_s": decode, **floor,
                     "seconds": [c["seconds"] for c in mine], "tokens": tok, "rounds": mine[0].get("rounds"),
                     "peak_rss_gib": max(c["peak_rss_gib"] for c in mine), "start_rss_gib": mine[0]["start_rss_gib"],
-                    "peak_rss_scope": mine[0]["peak_rss_scope"],
+                    "peak_rss_scope": mine[0]["peak_rss_scope"], "worker_pids": [c["worker_pid"] for c in mine],
                 }  # fmt: skip
                 summary.append(row)
                 values = (

@@ -71,3 +71,17 @@ def test_cell_memory_counts_each_stage_s_kv_histories_and_widest_logits():
     assert bench.cell_memory("targets", 16, GEMMA3, 2048, 16, 5) == 16 * (per_history + 262144 * 4)
     assert bench.cell_memory("closed", 16, GEMMA3, 2048, 16, 5) == 16 * (2 * per_history + 12 * 262144 * 4)
     assert bench.cell_memory("probe", 2, GEMMA3, 2048, 16, 5) == 2 * (6 * per_history + 40 * 262144 * 4)
+
+
+def test_fresh_worker_runs_every_cell_in_a_new_process(tmp_path: Path):
+    out = tmp_path / "cells.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--fresh-worker", "--stages", "targets", "--no-prefill-timing",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [cell["batch"] for cell in cells] == [1, 4]
+    assert all(cell["peak_rss_scope"] == "cell" for cell in cells)
+    assert cells[0]["worker_pids"] != cells[1]["worker_pids"]
