@@ -31,10 +31,11 @@ summed over the layers: a full-attention layer reads c (or the budget), a slidin
 GEMM rate). A stage's floor per committed token adds its forwards: closed loop per round K single-token
 draft steps over the budget, one verification of K + 1 tokens over the full context, one re-feed of AL
 tokens over the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
-canonical pass over the full context; targets one forward of b tokens over the full context. ``%mem``
-and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the bound that stops
-the stage. Both machine figures are the best of many tries, before and after the cells (other jobs on a
-shared machine only slow some tries).
+canonical pass over the full context (stacked over the b requests, but one request at a time for a model
+with sliding-window layers, as `probe_requests` runs them); targets one forward of b tokens over the
+full context. ``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger
+names the bound that stops the stage. Both machine figures are the best of many tries, before and after
+the cells (other jobs on a shared machine only slow some tries).
 
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
 /proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
@@ -153,6 +154,10 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
         parts = [forward(batch, batch, working)] * DRAFT_LENGTH
         parts += [forward(batch * (DRAFT_LENGTH + 1), batch, context), forward(batch * al, batch, working)]
         committed = batch * al
+    elif costs["sliding_layers"]:  # probe, sliding-window layers: each request's forwards alone (not stacked)
+        stride, arms = 8, cell["arms"]
+        parts = [forward(arms * stride, arms, working), forward(stride, 1, context)] * batch
+        committed = batch * stride
     else:  # probe: per stride, every arm's stride tokens over its working set, the canonical pass over all
         stride, arms = 8, cell["arms"]
         parts = [forward(batch * arms * stride, batch * arms, working), forward(batch * stride, batch, context)]
@@ -612,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                     "stage": stage, "batch": batch, "code": name, "tok_s": rate, "decode_tok_s": decode, **floor,
                     "seconds": [c["seconds"] for c in mine], "tokens": tok, "rounds": mine[0].get("rounds"),
                     "peak_rss_gib": max(c["peak_rss_gib"] for c in mine), "start_rss_gib": mine[0]["start_rss_gib"],
-                    "peak_rss_scope": mine[0]["peak_rss_scope"], "worker_pids": [c["worker_pid"] for c in mine],
+                    "peak_rss_scope": mine[0]["peak_rss_scope"], "mean_context": mine[0]["mean_context"],
+                    "arms": mine[0].get("arms"), "worker_pids": [c["worker_pid"] for c in mine],
                 }  # fmt: skip
                 summary.append(row)
                 values = (

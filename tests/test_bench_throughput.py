@@ -85,3 +85,12 @@ def test_fresh_worker_runs_every_cell_in_a_new_process(tmp_path: Path):
     assert [cell["batch"] for cell in cells] == [1, 4]
     assert all(cell["peak_rss_scope"] == "cell" for cell in cells)
     assert cells[0]["worker_pids"] != cells[1]["worker_pids"]
+
+
+def test_a_probe_with_sliding_window_layers_streams_the_weights_once_per_request():
+    bench = load_bench()
+    llama = {**GEMMA3, "full_layers": 18, "sliding_layers": 0, "window": 0}
+    cell = {"stage": "probe", "batch": 8, "mean_context": 400, "arms": 4}
+    stacked = bench.stage_floor(cell, llama, bandwidth=1e10, gemm=1e11, budget=128)
+    alone = bench.stage_floor(cell, GEMMA3, bandwidth=1e10, gemm=1e11, budget=128)
+    assert alone["memory_tok_s"] < stacked["memory_tok_s"] / 4  # 8 requests' weight streams, not one
