@@ -37,11 +37,11 @@ from rift_ada.attention import BatchPending, PendingAttention, pop_pending, set_
 from rift_ada.cache import (
     BudgetedCache,
     BudgetedLayer,
+    BudgetedLayers,
     CacheError,
     grow_positions,
     grown_capacity,
 )
-from rift_ada.probe_arms import layers_query_summary, layers_retained_mass
 
 
 class BatchedLayer(DynamicLayer):
@@ -363,21 +363,11 @@ class BatchedCache(BudgetedCache):
         raise CacheError("a batched cache has one retained mass per request: use cache.row(i).retained_mass()")
 
 
-class RowCache:
+class RowCache(BudgetedLayers):
     """One request's view of a batched draft cache: what a refresh hook sees."""
 
     def __init__(self, layers: list[BudgetedLayer]):
         self.budgeted_layers = layers
-
-    def refresh(self) -> None:
-        for layer in self.budgeted_layers:
-            layer.refresh()
-
-    def query_summary(self) -> list[list[list[float]]] | None:
-        return layers_query_summary(self.budgeted_layers)
-
-    def retained_mass(self, n_queries: int = 8) -> float:
-        return layers_retained_mass(self.budgeted_layers, n_queries)
 
     def selections(self) -> list[torch.Tensor | None]:
         return [layer.selection for layer in self.budgeted_layers]

@@ -519,7 +519,27 @@ def _attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     return modules
 
 
-class BudgetedCache(DynamicCache):
+class BudgetedLayers:
+    """What a refresh hook calls on a draft cache: refresh, query summary, retained mass. A cache or a
+    batch row's view provides ``budgeted_layers`` (`BudgetedCache`, `batch_cache.RowCache`)."""
+
+    budgeted_layers: list[BudgetedLayer]
+
+    def refresh(self) -> None:
+        """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""
+        for layer in self.budgeted_layers:
+            layer.refresh()
+
+    def query_summary(self) -> list[list[list[float]]] | None:
+        """Per full-attention layer, per KV group: mean pre-RoPE query since the last call."""
+        return layers_query_summary(self.budgeted_layers)
+
+    def retained_mass(self, n_queries: int = 8) -> float:
+        """Share of full-KV attention that the current working sets hold (mean over layers, heads, queries)."""
+        return layers_retained_mass(self.budgeted_layers, n_queries)
+
+
+class BudgetedCache(BudgetedLayers, DynamicCache):
     """A transformers cache whose full-attention layers are `BudgetedLayer`s.
 
     Build it with `make_draft_cache(model, policy)`. Other layers are the ones transformers
@@ -580,19 +600,6 @@ class BudgetedCache(DynamicCache):
                 if layer.is_initialized:
                     raise CacheError("expect_positions: call it before the first forward")
                 layer.initial_capacity = max(layer.initial_capacity, positions)
-
-    def refresh(self) -> None:
-        """Rescore the full stored draft KV in every budgeted layer (RIFT-dyn / RIFT-ada refresh)."""
-        for layer in self.budgeted_layers:
-            layer.refresh()
-
-    def query_summary(self) -> list[list[list[float]]] | None:
-        """Per full-attention layer, per KV group: mean pre-RoPE query since the last call."""
-        return layers_query_summary(self.budgeted_layers)
-
-    def retained_mass(self, n_queries: int = 8) -> float:
-        """Share of full-KV attention that the current working sets hold (mean over layers, heads, queries)."""
-        return layers_retained_mass(self.budgeted_layers, n_queries)
 
     def snapshot(self) -> list[Any]:
         """State to roll the cache back to (rejected draft tokens must leave the cache)."""
