@@ -214,11 +214,10 @@ def paired_difference(
 
 
 def _difference_text(difference: dict[str, Any]) -> str:
-    text = (
+    return (
         f"{difference['estimate']:+.2f} [{difference['low']:+.2f}, {difference['high']:+.2f}] "
         f"({difference['n']} requests)"
     )
-    return text
 
 
 def _size_text(difference: dict[str, Any]) -> str:
@@ -438,7 +437,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
 
         import torch
 
-        from rift_ada.calibrate.export import atomic_write_json
+        from rift_ada.atomic import atomic_write_json
 
         torch.set_num_threads(1)
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rift_ada.calibrate.export import atomic_write_json, json_safe
+from rift_ada.atomic import atomic_write_json
+from rift_ada.calibrate.export import json_safe
 from rift_ada.controller import SIGNAL_NAMES, Controller
 
 ENGINE_SIGNALS: tuple[str, ...] = tuple(name for name in SIGNAL_NAMES if name != "query_drift")
