@@ -39,9 +39,10 @@ the cells (other jobs on a shared machine only slow some tries).
 
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
 /proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
-far"), so it includes the loaded model and what earlier cells left in the worker's heap, shown as
-``start GiB``; ``--fresh-worker`` runs every cell in a new worker (one model load each), so ``start
-GiB`` is the loaded model alone. A cell whose estimated KV histories and logits (`cell_memory`) exceed
+far"), so it includes the loaded model and what earlier cells left live in the worker, shown as
+``start GiB`` (the worker gives freed heap back to the system before each cell,
+``release_free_heap``); ``--fresh-worker`` runs every cell in a new worker (one model load each), so
+``start GiB`` is the loaded model alone. A cell whose estimated KV histories and logits (`cell_memory`) exceed
 90 % of MemAvailable is skipped, and a worker the kernel kills mid-cell (it sets its oom_score_adj to
 1000, so it goes before the machine's other jobs) is reported and replaced; both are listed as "not
 measured" with the reason, and the run goes on. Torch runs on 1 thread by default.
@@ -196,6 +197,15 @@ def available_bytes() -> float:
     return float("inf")
 
 
+def release_heap() -> bool:
+    """``rift_ada.memory.release_free_heap`` (glibc's malloc_trim) where the tree under test has it."""
+    try:
+        from rift_ada.memory import release_free_heap
+    except ImportError:  # a tree from before 2026-12-02 keeps its freed heap (outside the timed part either way)
+        return False
+    return release_free_heap()
+
+
 def reset_peak_rss() -> bool:
     """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where it cannot."""
     try:
@@ -258,6 +268,7 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
     eos = job.get("eos")
     policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
     out: dict[str, Any] = {"stage": stage, "batch": batch}
+    release_heap()  # what earlier cells freed goes back first, so ``start`` is what this worker still holds
     per_cell = reset_peak_rss()  # so VmHWM is this cell's peak, not the worker's so far
     out["start_rss_gib"] = rss_gib("VmRSS")
     start, cpu = time.perf_counter(), time.process_time()

@@ -5,6 +5,11 @@ dynamically up to 32 MiB), and the heap of a long probe or closed loop, full of 
 ever-changing sizes, then fragments without returning memory to the system: a 400-token probe of
 SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed 1 MiB threshold serves every larger
 block by mmap, returned on free: 1.9 GB, and 10–33 % faster (docs/performance.md, "Memory").
+
+Blocks under the threshold still stay in the heap once freed: after a 32-request closed loop the process
+kept 2.98 GiB, of which ``malloc_trim`` gave 2.06 GiB back in 0.17 s (docs/performance.md, "Memory").
+:func:`release_free_heap` does that between stages, so one stage's peak does not stay charged to the
+machine through the next.
 """
 
 from __future__ import annotations
@@ -13,10 +18,19 @@ import ctypes
 import os
 import sys
 
-__all__ = ["DEFAULT_MMAP_THRESHOLD", "cap_heap_growth"]
+__all__ = ["DEFAULT_MMAP_THRESHOLD", "cap_heap_growth", "release_free_heap"]
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 DEFAULT_MMAP_THRESHOLD = 1 << 20
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD) -> bool:
@@ -24,13 +38,20 @@ def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD) -> bool:
 
     No-op (False) off glibc Linux, and when the user set ``MALLOC_MMAP_THRESHOLD_`` (theirs wins).
     """
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
+    libc = None if "MALLOC_MMAP_THRESHOLD_" in os.environ else _glibc()
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is None:
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+def release_free_heap() -> bool:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``); True when it ran.
+
+    Live memory is untouched; only freed blocks' whole pages go. No-op (False) off glibc Linux.
+    """
+    trim = getattr(_glibc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
