@@ -42,6 +42,22 @@ def repeated_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
     return repeats / total
 
 
+def loop_onset(tokens: Sequence[int], n: int = 4, run: int = 8) -> int | None:
+    """Where a loop starts: the first token of the first ``run`` consecutive n-grams that each repeat an
+    earlier one (so ``tokens[:onset]`` is the text before it); None when no such run exists."""
+    if n < 1 or run < 1:
+        raise ValueError(f"n and run: must be >= 1, got n={n}, run={run}")
+    seen: set[tuple[int, ...]] = set()
+    streak = 0
+    for start in range(len(tokens) - n + 1):
+        gram = tuple(tokens[start : start + n])
+        streak = streak + 1 if gram in seen else 0
+        seen.add(gram)
+        if streak == run:
+            return start - run + 1
+    return None
+
+
 @dataclass
 class LoopReport:
     """Per response: its repeated-n-gram share and whether it loops; which requests the rule keeps."""
@@ -94,4 +110,4 @@ class LoopDetector:
         return self.report({str(row["request_id"]): list(row["response_token_ids"]) for row in rows})
 
 
-__all__ = ["LOOP_RULES", "LoopDetector", "LoopReport", "LoopRule", "repeated_ngram_share"]
+__all__ = ["LOOP_RULES", "LoopDetector", "LoopReport", "LoopRule", "loop_onset", "repeated_ngram_share"]

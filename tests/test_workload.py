@@ -174,6 +174,21 @@ def test_repeated_ngram_share_matches_a_hand_count():
             LoopDetector(**bad)
 
 
+def test_loop_onset_is_the_first_token_of_a_run_of_repeated_ngrams():
+    from rift_ada.collectors.loops import loop_onset
+
+    clean = list(range(100, 130))
+    # 30 fresh tokens, then 1 2 3 4 five times: the 4-gram at 34 (1 2 3 4) is the first repeat and every
+    # later one repeats too, so a run of 8 repeats starts at 34: the text before the loop is clean + one cycle.
+    assert loop_onset(clean + [1, 2, 3, 4] * 5, n=4, run=8) == 34
+    assert loop_onset(clean, n=4, run=8) is None
+    # one repeated phrase (a run of 3 repeats) is not a loop at run=8, but is at run=3
+    text = [1, 2, 3, 4, 5, 6] + list(range(50, 60)) + [1, 2, 3, 4, 5, 6] + list(range(70, 80))
+    assert loop_onset(text, n=4, run=8) is None and loop_onset(text, n=4, run=3) == 16
+    with pytest.raises(ValueError, match="run"):
+        loop_onset(text, run=0)
+
+
 def _staleness_traces() -> ProbeTraces:
     """Two requests (OSL 96, 64), T = 0, K = 11: fresh arms and full KV match everywhere, the prefill
     selection (stat) only in the first 32 positions; retained mass 0.5 (stat) and 0.9 (age:0)."""

@@ -2,7 +2,9 @@
 
 Each request's target is decoded greedily with a full KV cache (EOS ends it, ``--tokens`` caps it), as
 `rift-ada bench` makes its T = 0 targets; printed per request: seq-rep-4 (`collectors/loops.py`) over
-the whole response and over its first half. The bench's loop rule flags seq-rep-4 >= 0.3.
+the whole response and over its first half, and the loop's onset (`collectors/loops.py::loop_onset`: the
+first token of 8 consecutive repeated 4-grams; the clean text a stop-at-loop rule would keep). The bench's
+loop rule flags seq-rep-4 >= 0.3.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/greedy_loops.py --model gemma3-270m \
         --isl 1024 2048 --requests 8 --tokens 256
@@ -16,7 +18,7 @@ import time
 import torch
 
 from rift_ada.collectors.datasets import build_embedded_dataset, encode_prompt
-from rift_ada.collectors.loops import repeated_ngram_share
+from rift_ada.collectors.loops import loop_onset, repeated_ngram_share
 from rift_ada.collectors.targets.generate import generate_response
 from rift_ada.models import load_model, resolve_preset
 
@@ -42,6 +44,7 @@ def main() -> None:
                 f"isl {isl} {request.request_id} prompt {len(prompt)} output {len(response)} "
                 f"seq-rep-4 {repeated_ngram_share(response, 4):.2f} "
                 f"first half {repeated_ngram_share(response[: len(response) // 2], 4):.2f} "
+                f"onset {loop_onset(response)} "
                 f"{time.time() - started:.0f} s",
                 flush=True,
             )
