@@ -251,7 +251,8 @@ class _TimeLedger:
     untimed_before: bool = False  # the run had work from invocations that predate its ledger (not counted)
 
     @classmethod
-    def open(cls, path: Path) -> _TimeLedger:
+    def open(cls, path: Path, commit: str | None = None) -> _TimeLedger:
+        """Read the run's ledger and begin this invocation's entry (``commit``: the code it runs)."""
         ledger = cls(path)
         if path.exists():
             try:
@@ -263,7 +264,9 @@ class _TimeLedger:
                 pass  # unreadable: start a new ledger (times are reported, never used to decide)
         else:  # a run begun before bench kept this ledger: its earlier invocations' times are unknown
             ledger.untimed_before = (path.parent / "bench.json").exists() or any(path.parent.glob("T*/targets*"))
-        ledger.invocations.append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "wall_s": 0.0})
+        ledger.invocations.append(
+            {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "wall_s": 0.0, "commit": commit}
+        )
         return ledger
 
     def add(self, stage: str, seconds: float) -> None:
@@ -792,7 +795,7 @@ def _replay_on(traces: Any, specs: list[str], request_ids: Sequence[str]) -> lis
 
 
 def _source_commit() -> str | None:
-    """The git commit of the code that ran (None outside a git checkout)."""
+    """The git commit checked out now (None outside a git checkout); read as an invocation begins."""
     import subprocess
 
     try:
@@ -848,8 +851,9 @@ def _run_bench(
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
     from rift_ada.collectors.targets.files import targets_provenance
 
+    commit = _source_commit()  # now: the checkout may move on while a long run works
     stages = _Stages(progress or (lambda stage, done, total: None), token_progress,
-                     ledger=_TimeLedger.open(out / "timings.json"))  # fmt: skip
+                     ledger=_TimeLedger.open(out / "timings.json", commit))  # fmt: skip
     started = time.monotonic()
     stages.progress("load model", 0, 1)
     pair = load_pair(model, device=device, dtype=dtype)
@@ -926,7 +930,7 @@ def _run_bench(
         "wall_s": round(time.monotonic() - started, 1),
         **_ledger_summary(stages.ledger),
         "command": command,
-        "source_commit": _source_commit(),
+        "source_commit": commit,  # as this invocation began; each invocation's is in ``invocations``
     }
     summary = json_safe(summary)
     atomic_write_json(out / "bench.json", summary)

@@ -611,13 +611,17 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
     stage_lines = [f"| {stage} | {seconds / 60:.1f} | {timings.get(stage, 0.0) / 60:.1f} |"
                    for stage, seconds in totals.items()]  # fmt: skip
     invocations = summary.get("invocations") or [{"wall_s": summary["wall_s"]}]
+    earlier = sorted({str(entry["commit"])[:12] for entry in invocations[:-1] if entry.get("commit")}
+                     - {str(summary.get("source_commit") or "")[:12]})  # fmt: skip
     header = [
         "# Results",
         "",
         "Written by `rift-ada bench --results` at the end of the run below, not by hand.",
         "",
         f"- Command: `{summary.get('command') or 'rift-ada bench'}`"
-        + (f" at commit `{summary['source_commit'][:12]}`" if summary.get("source_commit") else ""),
+        + (f" at commit `{summary['source_commit'][:12]}`" if summary.get("source_commit") else "")
+        + (f"; stages read back from earlier invocations ran at {', '.join(f'`{c}`' for c in earlier)}"
+           if earlier else ""),  # fmt: skip
         f"- Finished: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} on "
         f"{summary['device']} with {torch.get_num_threads()} thread(s); {platform.python_implementation()} "

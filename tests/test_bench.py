@@ -127,6 +127,20 @@ class _Interrupt(Exception):
     pass
 
 
+def test_results_page_names_the_commit_each_invocation_ran(bench_dir):
+    from rift_ada.experiments.bench_report import render_results
+
+    summary = json.loads((bench_dir / "bench.json").read_text())
+    summary["source_commit"] = "b" * 40
+    summary["invocations"] = [{"wall_s": 5.0, "commit": "a" * 40}, {"wall_s": 1.0, "commit": None},
+                              {"wall_s": 2.0, "commit": "b" * 40}]  # fmt: skip
+    command_line = render_results(summary, images="results").split("\n")[4]
+    assert command_line.startswith("- Command: ") and f"at commit `{'b' * 12}`" in command_line
+    assert command_line.endswith(f"; stages read back from earlier invocations ran at `{'a' * 12}`")
+    summary["invocations"] = summary["invocations"][-1:]  # one invocation: nothing read back
+    assert "earlier invocations" not in render_results(summary, images="results").split("\n")[4]
+
+
 def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
 
@@ -146,6 +160,7 @@ def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir,
     run_bench(out, size="tiny", model=str(tiny_model_dir))
     times = json.loads((out / "bench.json").read_text())
     assert len(times["invocations"]) == 3  # two interrupted, one that finished: each one's time is kept
+    assert {entry["commit"] for entry in times["invocations"]} == {times["source_commit"]}  # each one's code
     assert times["untimed_before"] is False
     assert "T0 B96 probe" not in times["timings"] and times["timings_total"]["T0 B96 probe"] > 0  # the first's
     assert times["wall_total_s"] >= times["wall_s"] + times["timings_total"]["T0 B96 probe"] - 0.2
