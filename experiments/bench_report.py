@@ -326,6 +326,24 @@ def headline(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def flat_curve_note(gap: dict[str, Any]) -> str | None:
+    """Where no periodic interval beats RIFT-stat's AL on these requests, a refresh reduction at matched AL is
+    what never refreshing gives, not an adaptive gain: the sentence that says so beside it (else None)."""
+    points = gap.get("curve") or []
+    stat = next((point for point in points if point["label"] == "stat"), None)
+    periodic = [point for point in points if point["label"] != "stat" and point.get("mean_al") is not None]
+    if stat is None or stat.get("mean_al") is None or not periodic:
+        return None
+    best = max(periodic, key=lambda point: point["mean_al"])
+    if best["mean_al"] > stat["mean_al"]:
+        return None
+    return (
+        f"not an adaptive gain: on these requests no periodic interval raises AL over RIFT-stat (best "
+        f"{best['label']} {best['mean_al']:.3f} against {stat['mean_al']:.3f}), so never refreshing already "
+        "matches the curve"
+    )
+
+
 def _curve_section(cell: dict[str, Any]) -> list[str]:
     """The curve, both readings, selection vs confirmation, the pre-registration."""
     curve = cell.get("curve")
@@ -347,6 +365,7 @@ def _curve_section(cell: dict[str, Any]) -> list[str]:
         f"{100 * pre['paper_refresh_reduction']:.1f}%)"
         + (" — a lower bound: the periodic curve never reaches the controller's AL." if gap["curve_below_controller"]
            else "."),
+        *([f"- That refresh reduction is {note}."] if (note := flat_curve_note(gap)) else []),
         "",
         curve["text"],
         "",
@@ -398,6 +417,7 @@ def _findings(cell: dict[str, Any]) -> list[str]:
                 f"- {tag}: at its own AL, RIFT-ada needs {gap['refresh_factor']:.2f}x fewer refreshes than the "
                 f"periodic curve ({100 * red['estimate']:.1f}% fewer, 95% CI {_interval(red, percent=True)}; {paper})"
                 + ("; a lower bound, the curve never reaches its AL" if gap["curve_below_controller"] else "")
+                + (f"; {note}" if (note := flat_curve_note(gap)) else "")
                 + f"; the pre-registered verdict: {curve['outcome']}."
             )
         else:

@@ -175,3 +175,25 @@ def test_fewer_requests_than_the_preregistered_minimum_never_decide():
     assert gap.al_gain.low > 0  # the interval alone would read confirmed
     verdict = decide(gap, _prereg(4))
     assert verdict.outcome == "underpowered" and "fewer than the pre-registered minimum of 8" in verdict.text
+
+
+def test_a_refresh_reduction_on_a_curve_that_refreshing_does_not_raise_is_called_no_adaptive_gain():
+    """Greedy Gemma3 (docs/results-gemma3-T0.md): every periodic Δ at or below RIFT-stat's AL, so a controller
+    that never refreshes reads a ~98% refresh reduction; the report must say that is not an adaptive gain."""
+    from rift_ada.experiments.bench_report import _findings, flat_curve_note
+
+    def cell(periodic_al: float) -> dict:
+        curve = [{"label": "stat", "refreshes_per_1k": 0.0, "mean_al": 8.5},
+                 {"label": "periodic:64", "refreshes_per_1k": 10.8, "mean_al": periodic_al},
+                 {"label": "periodic:16", "refreshes_per_1k": 43.2, "mean_al": periodic_al - 0.1}]  # fmt: skip
+        reduction = {"estimate": 0.983, "low": 0.95, "high": 1.0}
+        gap = {"curve": curve, "refresh_reduction": reduction, "refresh_factor": 58.0, "curve_below_controller": True}
+        return {"table": {}, "tag": "T0 B128", "reference": "periodic:64",
+                "curve": {"gap": gap, "outcome": "refuted on this workload"}}  # fmt: skip
+
+    flat, rising = cell(8.49), cell(8.9)
+    assert "not an adaptive gain" in flat_curve_note(flat["curve"]["gap"])
+    assert "periodic:64 8.490 against 8.500" in flat_curve_note(flat["curve"]["gap"])
+    assert flat_curve_note(rising["curve"]["gap"]) is None
+    assert "not an adaptive gain" in "\n".join(_findings(flat))
+    assert "not an adaptive gain" not in "\n".join(_findings(rising))
