@@ -81,6 +81,11 @@ class RiftCandidateGenerator(CandidateGenerator):
         self._drafted: list[int] = []
         self._entropies: list[float] = []
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """Tokens drafted per round; transformers >= 5.25 reads it to size the target cache's rollback."""
+        return self.draft_length
+
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs: Any
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
