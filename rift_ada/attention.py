@@ -197,7 +197,7 @@ def batched_attention(
 ) -> torch.Tensor:
     """Attention of a batch whose rows have their own working sets; returns (b, q, h, d). The pre-RoPE
     queries are computed only when a row records them."""
-    batch, n_heads, n_queries, head_dim = query.shape
+    batch, n_heads, n_queries, _ = query.shape
     n_kv = key.shape[1]
     group = n_heads // n_kv
     slices = pending.row_slices()
@@ -208,30 +208,61 @@ def batched_attention(
                 group_mean = group_query_mean(_inverse_rope(module, query), n_kv)
             note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
     mask = None if pending.maskless else batch_mask(pending, n_kv, key.device)
+    visible = None if mask is None else mask[:, :, None]  # (b, kv, 1, q, n)
     sinks = getattr(module, "sinks", None)
     wants = [note is not None and _wants_probs(note) for note in pending.rows]
     needs_probs = any(wants)
     if sinks is None and not needs_probs:
+        if _reduced_precision(query):
+            return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
         if mask is not None and group > 1:
             mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )
         return output.transpose(1, 2).contiguous()
-    grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
-    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
-    if mask is not None:
-        logits = logits.masked_fill(~mask[:, :, None], float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
-        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(logits, dim=-1)
+    probs = _attention_probs(query, key, scaling, visible, sinks)
     for rows, note, count, size, wanted in zip(slices, pending.rows, pending.counts, pending.sizes, wants, strict=True):
         if wanted:
             note.layer.observe_attention(probs[rows, :, :, :count, :size], note)
+    return _attention_output(probs, value)
+
+
+def _reduced_precision(query: torch.Tensor) -> bool:
+    """bf16 / fp16 take float32 logits and softmax with a reduced-precision values GEMM instead of
+    torch's CPU SDPA, which is 6-14x slower there than float32 at one query per row (and slower than
+    this path at 12; benchmarks/investigations/bf16_kernels.py)."""
+    return query.dtype in (torch.bfloat16, torch.float16)
+
+
+def _attention_probs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    visible: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Float32 softmax probabilities (b, kv, group, q, n) of (b, h, q, d) queries over (b, kv, n, d) keys.
+
+    ``visible`` (bool, broadcast to that shape) masks keys; ``sinks`` (h,) adds gpt-oss's per-head sink
+    logit to the softmax. The logits are computed on float32 upcasts whatever the inputs' dtype."""
+    batch, n_heads, n_queries, head_dim = query.shape
+    n_kv = key.shape[1]
+    grouped = query.reshape(batch, n_kv, n_heads // n_kv, n_queries, head_dim)
+    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))
+    if sinks is None:
+        return torch.softmax(logits, dim=-1)
+    sink = sinks.float().reshape(1, n_kv, -1, 1, 1).expand(batch, -1, -1, n_queries, 1)
+    return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def _attention_output(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """(b, kv, group, q, n) probabilities times (b, kv, n, d) values, in the values' dtype -> (b, q, h, d)."""
+    batch, n_kv, group, n_queries, _ = probs.shape
     output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
-    return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
+    return output.reshape(batch, n_kv * group, n_queries, -1).transpose(1, 2).contiguous()
 
 
 def _inverse_rope(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
@@ -259,35 +290,29 @@ def budgeted_attention(
     layer = pending.layer
     if layer.wants_queries():
         layer.record_queries(query, _inverse_rope(module, query), pending)
-    batch, n_heads, n_queries, head_dim = query.shape
-    n_kv = key.shape[1]
-    group = n_heads // n_kv
+    n_queries = query.shape[2]
+    group = query.shape[1] // key.shape[1]
     sinks = getattr(module, "sinks", None)
     if not pending.full and sinks is None and not layer.needs_probs(pending):
         # Fast path: fused attention. A single query sees every gathered key (its own window and
         # the selection), so it needs no mask at all.
         mask = None if n_queries == 1 else band_mask(pending, key.device)
+        if _reduced_precision(query):
+            visible = None if mask is None else mask[:, :, None]
+            return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )
         return output.transpose(1, 2).contiguous()
-    grouped = query.reshape(batch, n_kv, group, n_queries, head_dim)
-    logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key.float()) * scaling
     if pending.full:
         key_positions = torch.arange(key.shape[2], device=key.device)
         query_positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=key.device)
         visible = (key_positions[None, :] <= query_positions[:, None])[None, None, None]
     else:
         visible = band_mask(pending, key.device)[:, :, None]  # (b, 1|kv, 1, q, L)
-    logits = logits.masked_fill(~visible, float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().reshape(1, n_kv, group, 1, 1).expand(batch, -1, -1, n_queries, 1)
-        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(logits, dim=-1)
+    probs = _attention_probs(query, key, scaling, visible, sinks)
     layer.observe_attention(probs, pending)
-    output = torch.einsum("bkgqn,bknd->bkgqd", probs.to(value.dtype), value)
-    return output.reshape(batch, n_heads, n_queries, head_dim).transpose(1, 2).contiguous()
+    return _attention_output(probs, value)
 
 
 def _base_function(module: torch.nn.Module, base: str) -> Callable[..., Any]:

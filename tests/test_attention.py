@@ -1,0 +1,103 @@
+"""Budgeted and batched attention in reduced precision (bf16 / fp16 take a GEMM + float32-softmax path
+instead of torch's SDPA): against a float64 dense-mask attention computed from scratch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rift_ada.attention import BatchPending, PendingAttention, batched_attention, budgeted_attention
+
+N_HEADS, N_KV, HEAD_DIM = 6, 2, 16
+SCALING = HEAD_DIM**-0.5
+# float32 logits and softmax; the probabilities and the output are rounded to the dtype (2^-8 relative
+# for bf16, 2^-11 for fp16), so a few of its units in the last place on outputs of magnitude ~1
+TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+
+class _Layer:
+    """The part of a budgeted layer attention consults: no queries recorded, no probabilities read."""
+
+    def wants_queries(self) -> bool:
+        return False
+
+    def needs_probs(self, note: PendingAttention) -> bool:
+        return False
+
+    def wants_full_probs(self, note: PendingAttention) -> bool:
+        return False
+
+
+def _note(first_position: int, n_new: int, window: int, n_selected: int) -> PendingAttention:
+    """Keys laid out as [n_selected selected | window positions from first_position - window + 1]."""
+    start = max(0, first_position - window + 1)
+    return PendingAttention(_Layer(), first_position, n_new, False, window, start, n_selected)
+
+
+def _visible(note: PendingAttention, width: int) -> torch.Tensor:
+    """(q, width) visibility written out by hand: every selected key; window key k iff q - window < k <= q."""
+    visible = torch.zeros(note.n_new, width, dtype=torch.bool)
+    for query in range(note.n_new):
+        position = note.first_position + query
+        visible[query, : note.n_selected] = True
+        for slot in range(width - note.n_selected):
+            key_position = note.window_start + slot
+            visible[query, note.n_selected + slot] = position - note.window < key_position <= position
+    return visible
+
+
+def _dense(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """float64 softmax(q k^T * scale + mask) v of one row, each query head on its KV group's head: (q, h, d)."""
+    query, key, value = (t.double() for t in (query, key, value))
+    group = N_HEADS // N_KV
+    out = torch.empty(query.shape[1], N_HEADS, HEAD_DIM, dtype=torch.float64)
+    for head in range(N_HEADS):
+        logits = query[head] @ key[head // group].T * SCALING
+        logits = logits.masked_fill(~visible, -math.inf)
+        out[:, head] = torch.softmax(logits, -1) @ value[head // group]
+    return out
+
+
+def _tensors(batch: int, n_queries: int, width: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, N_HEADS, n_queries, HEAD_DIM, generator=generator) * 1.5
+    key = torch.randn(batch, N_KV, width, HEAD_DIM, generator=generator) * 1.5
+    value = torch.randn(batch, N_KV, width, HEAD_DIM, generator=generator)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n_queries", [1, 12])
+def test_reduced_precision_budgeted_attention_matches_dense_reference(dtype, n_queries):
+    note = _note(first_position=40, n_new=n_queries, window=24, n_selected=10)
+    width = note.n_selected + (note.first_position + n_queries - note.window_start)
+    query, key, value = _tensors(3, n_queries, width, dtype, seed=n_queries)
+    got = budgeted_attention(torch.nn.Module(), query, key, value, note, SCALING)
+    assert got.dtype == dtype and got.shape == (3, n_queries, N_HEADS, HEAD_DIM)
+    visible = _visible(note, width)
+    for row in range(3):
+        reference = _dense(query[row], key[row], value[row], visible)
+        torch.testing.assert_close(got[row].double(), reference, atol=TOLERANCE[dtype], rtol=0)
+    # the float32 path (torch's SDPA) on the same values is exact to float32 rounding
+    exact = budgeted_attention(torch.nn.Module(), query.float(), key.float(), value.float(), note, SCALING)
+    for row in range(3):
+        torch.testing.assert_close(
+            exact[row].double(), _dense(query[row], key[row], value[row], visible), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_batched_attention_matches_each_row_alone(dtype):
+    notes = [_note(30, 4, 16, 8), _note(52, 2, 16, 0), _note(21, 4, 12, 5)]
+    counts = [4, 2, 4]
+    sizes = [note.n_selected + (note.first_position + note.n_new - note.window_start) for note in notes]
+    width = max(sizes)
+    pending = BatchPending(_Layer(), notes, counts, sizes, n_new=4)
+    query, key, value = _tensors(3, 4, width, dtype, seed=7)
+    got = batched_attention(torch.nn.Module(), query, key, value, pending, SCALING)
+    assert got.dtype == dtype
+    for row, (note, count, size) in enumerate(zip(notes, counts, sizes, strict=True)):
+        reference = _dense(query[row, :, :count], key[row, :, :size], value[row, :, :size], _visible(note, size))
+        torch.testing.assert_close(got[row, :count].double(), reference, atol=TOLERANCE[dtype], rtol=0)
