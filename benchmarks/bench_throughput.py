@@ -248,7 +248,7 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         )  # fmt: skip
         torch.manual_seed(args.seed)
-        return transformers.LlamaForCausalLM(config).eval(), None
+        return transformers.LlamaForCausalLM(config).to(getattr(torch, args.dtype)).eval(), None
     from rift_ada.models import PRESETS, load_model
 
     return load_model(PRESETS[args.preset].draft, device="cpu", dtype=args.dtype)
@@ -502,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-prefill-timing", action="store_true", help="decode = tok/s (saves a prefill per request)")
     parser.add_argument("--against-batches", help="batches the --against code runs (default: every one)")
+    parser.add_argument(
+        "--against-dtype", help="the --against code's model dtype (default: --dtype): old code beside new at another"
+    )
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
     parser.add_argument("--profile", type=int, default=0, help="profile one closed-loop round at this batch")
     parser.add_argument("--json", help="write every cell's figures here")
@@ -526,15 +529,21 @@ def main(argv: list[str] | None = None) -> int:
             given.pop(0) if given else None
         elif not option.startswith(("--json=", "--against=")):
             forwarded.append(option)
+    if args.against_dtype and not args.against:
+        parser.error("--against-dtype needs --against")
+    dtypes = {"new": args.dtype, "old": args.against_dtype or args.dtype} if args.against else {"new": args.dtype}
+    for name in dtypes.values():
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            parser.error(f"--dtype / --against-dtype: {name!r} is not a torch dtype (float32, bfloat16, ...)")
     workers = {"new": Worker(forwarded, None)}
-    if args.against:
-        workers["old"] = Worker(forwarded, args.against)
+    if args.against:  # argparse keeps the last --dtype, so the old worker's overrides the forwarded one
+        workers["old"] = Worker(forwarded + ["--dtype", dtypes["old"]], args.against)
     costs = workers["new"].hello["costs"]
-    dtype = getattr(torch, args.dtype)
+    code_costs = {name: w.hello["costs"] for name, w in workers.items()}  # weight and KV bytes follow the dtype
     load_before = os.getloadavg()[0]
     bandwidth = measure_bandwidth(64 if args.quick else 256)
-    rates = measure_gemm(int(costs["hidden"]), int(costs["intermediate"]), dtype)
-    gemm = max(rates.values())
+    hidden, intermediate = int(costs["hidden"]), int(costs["intermediate"])
+    rates = {d: measure_gemm(hidden, intermediate, getattr(torch, d)) for d in sorted(set(dtypes.values()))}
     if args.random_responses:
         generator = torch.Generator().manual_seed(args.seed)
         vocab = int(costs["vocab"])
@@ -592,21 +601,25 @@ def main(argv: list[str] | None = None) -> int:
         w.close()
     load_after = os.getloadavg()[0]
     bandwidth = max(bandwidth, measure_bandwidth(64 if args.quick else 256))  # the machine again, after the cells
-    rates = {
-        m: max(r, rates[m]) for m, r in measure_gemm(int(costs["hidden"]), int(costs["intermediate"]), dtype).items()
-    }
-    gemm = max(rates.values())
+    for dtype_name, before in rates.items():
+        again = measure_gemm(hidden, intermediate, getattr(torch, dtype_name))
+        rates[dtype_name] = {m: max(r, before[m]) for m, r in again.items()}
+    gemm = {name: max(rates[dtype_name].values()) for name, dtype_name in dtypes.items()}  # per code
 
     clock = "seconds" if args.wall else "cpu_seconds"
     low = max(1, args.isl - 120)
+    model = f"{'tiny llama' if args.quick else args.preset} " + " / ".join(f"{n} {d}" for n, d in dtypes.items())
     print(
-        f"throughput: {'tiny llama' if args.quick else args.preset} {args.dtype}, ISL {low}-{args.isl} (ragged), "
+        f"throughput: {model}, ISL {low}-{args.isl} (ragged), "
         f"closed/targets {args.tokens} tokens, probe {args.probe_tokens}, budget {args.budget}, K = {DRAFT_LENGTH}, "
         f"T = 0, {torch.get_num_threads()} thread(s), load {load_before:.1f} / {load_after:.1f}; "
         f"rates per {'wall' if args.wall else 'CPU'} second"
     )
     shape = f"({int(costs['hidden'])} x {int(costs['intermediate'])})"
-    gemms = ", ".join(f"M={m}: {r / 1e9:.1f}" for m, r in rates.items())
+    gemms = "; ".join(
+        f"{dtype_name} " + ", ".join(f"M={m}: {r / 1e9:.1f}" for m, r in by_rows.items())
+        for dtype_name, by_rows in rates.items()
+    )
     print(f"  machine: copy bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM {shape} {gemms} GFLOP/s")
     print(f"  model: {costs['params'] / 1e6:.1f} M Linear parameters, {costs['weight_bytes'] / 2**20:.0f} MiB weights")
     columns = ("stage", "batch", "code", "tok/s", "decode", "mem floor", "gemm floor", "%mem", "%gemm", "peak GiB",
@@ -622,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = statistics.median(c[clock] for c in mine)
                 tok = mine[0]["tokens"]
                 decode_s = max(1e-9, seconds - prefills[batch])
-                floor = stage_floor(mine[0], costs, bandwidth, gemm, args.budget)
+                floor = stage_floor(mine[0], code_costs[name], bandwidth, gemm[name], args.budget)
                 rate, decode = tok / seconds, tok / decode_s
                 row = {
                     "stage": stage, "batch": batch, "code": name, "tok_s": rate, "decode_tok_s": decode, **floor,
@@ -663,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name:20} {seconds * 1e3:8.1f} ms  {100 * seconds / total:5.1f}%")
         print("    top ops (self CPU): " + "; ".join(f"{n} {s * 1e3:.1f} ms" for s, n in profile["top"][:8]))
     if args.json:
-        figures = {"cells": summary, "profile": profile, "bandwidth": bandwidth, "gemm": rates, "prefill": prefills,
+        figures = {"cells": summary, "profile": profile, "bandwidth": bandwidth, "gemm": rates[args.dtype],
+                   "gemm_by_dtype": rates, "dtypes": dtypes, "prefill": prefills,
                    "skipped": skipped, "costs": costs, "load": [load_before, load_after]}  # fmt: skip
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0
