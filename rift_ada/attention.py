@@ -229,10 +229,10 @@ def batched_attention(
 
 
 def _reduced_precision(query: torch.Tensor) -> bool:
-    """bf16 / fp16 take float32 logits and softmax with a reduced-precision values GEMM instead of
-    torch's CPU SDPA, which is 6-14x slower there than float32 at one query per row (and slower than
-    this path at 12; benchmarks/investigations/bf16_kernels.py)."""
-    return query.dtype in (torch.bfloat16, torch.float16)
+    """bf16 / fp16 on the CPU take float32 logits and softmax with a reduced-precision values GEMM instead
+    of torch's CPU SDPA, which is 6-14x slower there than float32 at one query per row and slower than
+    this path at 12 (benchmarks/investigations/bf16_kernels.py). Other devices keep SDPA (fused kernels)."""
+    return query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
 
 
 def _attention_probs(
