@@ -213,7 +213,7 @@ def batched_attention(
     wants = [note is not None and _wants_probs(note) for note in pending.rows]
     needs_probs = any(wants)
     if sinks is None and not needs_probs:
-        if _reduced_precision(query):
+        if _sdpa_is_slow(query):
             return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
         if mask is not None and group > 1:
             mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
@@ -228,11 +228,12 @@ def batched_attention(
     return _attention_output(probs, value)
 
 
-def _reduced_precision(query: torch.Tensor) -> bool:
-    """bf16 / fp16 on the CPU take float32 logits and softmax with a reduced-precision values GEMM instead
-    of torch's CPU SDPA, which is 6-14x slower there than float32 at one query per row and slower than
-    this path at 12 (benchmarks/investigations/bf16_kernels.py). Other devices keep SDPA (fused kernels)."""
-    return query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
+def _sdpa_is_slow(query: torch.Tensor) -> bool:
+    """One query per row in bf16 / fp16 on the CPU: torch's SDPA is 6-8x slower there than on float32
+    upcasts, and this module's float32-softmax path is 1.4-1.6x faster still; with 8-12 queries SDPA is
+    about as fast as that path, so it keeps them (benchmarks/investigations/bf16_kernels.py). Other
+    devices keep SDPA (fused kernels)."""
+    return query.shape[2] == 1 and query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
 
 
 def _attention_probs(
@@ -296,10 +297,9 @@ def budgeted_attention(
     if not pending.full and sinks is None and not layer.needs_probs(pending):
         # Fast path: fused attention. A single query sees every gathered key (its own window and
         # the selection), so it needs no mask at all.
+        if _sdpa_is_slow(query):
+            return _attention_output(_attention_probs(query, key, scaling, None, None), value)
         mask = None if n_queries == 1 else band_mask(pending, key.device)
-        if _reduced_precision(query):
-            visible = None if mask is None else mask[:, :, None]
-            return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )

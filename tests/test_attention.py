@@ -1,5 +1,5 @@
-"""Budgeted and batched attention in reduced precision (bf16 / fp16 take a GEMM + float32-softmax path
-instead of torch's SDPA): against a float64 dense-mask attention computed from scratch."""
+"""Budgeted and batched attention in reduced precision (bf16 / fp16 single-query steps take a float32-softmax
+path instead of torch's SDPA, several queries keep SDPA): against a float64 dense-mask attention."""
 
 from __future__ import annotations
 
@@ -89,13 +89,15 @@ def test_reduced_precision_budgeted_attention_matches_dense_reference(dtype, n_q
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_reduced_precision_batched_attention_matches_each_row_alone(dtype):
-    notes = [_note(30, 4, 16, 8), _note(52, 2, 16, 0), _note(21, 4, 12, 5)]
-    counts = [4, 2, 4]
+@pytest.mark.parametrize("n_new", [1, 4])
+def test_reduced_precision_batched_attention_matches_each_row_alone(dtype, n_new):
+    # ragged working sets: each row must ignore the padded keys past its own
+    notes = [_note(30, n_new, 16, 8), _note(52, min(2, n_new), 16, 0), _note(21, n_new, 12, 5)]
+    counts = [note.n_new for note in notes]
     sizes = [note.n_selected + (note.first_position + note.n_new - note.window_start) for note in notes]
     width = max(sizes)
-    pending = BatchPending(_Layer(), notes, counts, sizes, n_new=4)
-    query, key, value = _tensors(3, 4, width, dtype, seed=7)
+    pending = BatchPending(_Layer(), notes, counts, sizes, n_new=n_new)
+    query, key, value = _tensors(3, n_new, width, dtype, seed=7)
     got = batched_attention(torch.nn.Module(), query, key, value, pending, SCALING)
     assert got.dtype == dtype
     for row, (note, count, size) in enumerate(zip(notes, counts, sizes, strict=True)):
