@@ -229,10 +229,9 @@ def batched_attention(
 
 
 def _sdpa_is_slow(query: torch.Tensor) -> bool:
-    """One query per row in bf16 / fp16 on the CPU: torch's SDPA is 6-8x slower there than on float32
-    upcasts, and this module's float32-softmax path is 1.4-1.6x faster still; with 8-12 queries SDPA is
-    about as fast as that path, so it keeps them (benchmarks/investigations/bf16_kernels.py). Other
-    devices keep SDPA (fused kernels)."""
+    """One query per row in bf16 / fp16 on the CPU: torch's SDPA is 7-8x slower there than this module's
+    float32-softmax path; at 8-12 queries the two are within 0.85-1.2x, so those keep SDPA
+    (benchmarks/investigations/bf16_kernels.py). Other devices keep SDPA (fused kernels)."""
     return query.shape[2] == 1 and query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
 
 
