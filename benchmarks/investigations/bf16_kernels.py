@@ -28,6 +28,9 @@ SHAPES = {  # (rows, queries, keys)
 }
 
 
+LINEARS = ((576, 576), (576, 1536), (1536, 576), (576, 49152))  # q/o projection, MLP up and down, lm_head
+
+
 def best_ms(fn, repeats: int = 10) -> float:
     fn()
     best = float("inf")
@@ -75,6 +78,9 @@ def main() -> None:
         rates = measure_gemm(576, 1536, dtype)
         gemms = ", ".join(f"M={m}: {r / 1e9:.0f}" for m, r in rates.items())
         print(f"{dtype}: GEMM (576 x 1536) {gemms} GFLOP/s")
+        for hidden, out in LINEARS:  # a batch-32 draft step's M, the bench's best-rate M, a verification's
+            rates = measure_gemm(hidden, out, dtype, rows=(32, 64, 384))
+            print(f"  GEMM ({hidden} x {out}) " + ", ".join(f"M={m}: {r / 1e9:.0f}" for m, r in rates.items()))
         for name, shape in SHAPES.items():
             times = attention_ms(*shape, dtype)
             print(f"  {name} {shape}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()))
