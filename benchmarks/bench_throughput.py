@@ -538,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = {"new": Worker(forwarded, None)}
     if args.against:  # argparse keeps the last --dtype, so the old worker's overrides the forwarded one
         workers["old"] = Worker(forwarded + ["--dtype", dtypes["old"]], args.against)
-    costs = workers["new"].hello["costs"]
     code_costs = {name: w.hello["costs"] for name, w in workers.items()}  # weight and KV bytes follow the dtype
+    costs = code_costs["new"]
     load_before = os.getloadavg()[0]
     bandwidth = measure_bandwidth(64 if args.quick else 256)
     hidden, intermediate = int(costs["hidden"]), int(costs["intermediate"])

@@ -216,7 +216,7 @@ def batched_attention(
         if _sdpa_is_slow(query):
             return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
         if mask is not None and group > 1:
-            mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
+            mask = visible.expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )

@@ -177,31 +177,32 @@ def _drift_hook() -> ControllerRefresh:
     return ControllerRefresh(Controller.from_dict(controller), record_strides=True)
 
 
+def _ragged_requests() -> list[BatchRequest]:
+    """32 ragged requests: mixed policies, controllers reading query drift, every third teacher-forced."""
+    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("h2o", budget=16, obs_window=8),
+                make_policy("snapkv", budget=12, obs_window=8), make_policy("full")]  # fmt: skip
+    made = []
+    for index in range(32):
+        forced = _prompt(300 + index, 14) if index % 3 == 0 else None
+        made.append(BatchRequest(_prompt(200 + index, 12 + 3 * index), policies[index % 4],
+                                 max_new_tokens=10 + index % 7, seed=index, refresh_hook=_drift_hook(),
+                                 forced_tokens=forced))  # fmt: skip
+    return made
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_batches_of_16_and_32_equal_each_request_alone(temperature):
     """32 ragged requests (mixed policies, controllers reading query drift, teacher-forced and free)
     in batches of 16 (continuous) and 32: tokens, rounds and refreshes are the request's alone, and so
     is every stride's signals (up to the order of float additions in a batched forward)."""
     model = tiny_model("llama", seed=9)
-    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("h2o", budget=16, obs_window=8),
-                make_policy("snapkv", budget=12, obs_window=8), make_policy("full")]  # fmt: skip
-
-    def requests() -> list[BatchRequest]:
-        made = []
-        for index in range(32):
-            forced = _prompt(300 + index, 14) if index % 3 == 0 else None
-            made.append(BatchRequest(_prompt(200 + index, 12 + 3 * index), policies[index % 4],
-                                     max_new_tokens=10 + index % 7, seed=index, refresh_hook=_drift_hook(),
-                                     forced_tokens=forced))  # fmt: skip
-        return made
-
-    alone_requests = requests()
+    alone_requests = _ragged_requests()
     alone = [
         speculative_generate_batch(model, [request], draft_length=4, temperature=temperature)[0]
         for request in alone_requests
     ]
     for max_batch in (16, 32):
-        batch_requests = requests()
+        batch_requests = _ragged_requests()
         batched = speculative_generate_batch(
             model, batch_requests, draft_length=4, temperature=temperature, max_batch=max_batch
         )

@@ -14,23 +14,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
-from test_batch import _drift_hook, _prompt  # noqa: E402
+from test_batch import _ragged_requests as requests  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
-from rift_ada.budget import make_policy  # noqa: E402
-from rift_ada.speculative import BatchRequest, speculative_generate_batch  # noqa: E402
+from rift_ada.speculative import speculative_generate_batch  # noqa: E402
 
 ARCHITECTURES = ("llama", "qwen3_5", "nemotron_h", "gpt_oss", "gemma3_text")
-
-
-def requests() -> list[BatchRequest]:
-    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("h2o", budget=16, obs_window=8),
-                make_policy("snapkv", budget=12, obs_window=8), make_policy("full")]  # fmt: skip
-    return [
-        BatchRequest(_prompt(200 + i, 12 + 3 * i), policies[i % 4], max_new_tokens=10 + i % 7, seed=i,
-                     refresh_hook=_drift_hook(), forced_tokens=_prompt(300 + i, 14) if i % 3 == 0 else None)
-        for i in range(32)
-    ]  # fmt: skip
 
 
 def outcome(result) -> tuple:
