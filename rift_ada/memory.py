@@ -1,12 +1,16 @@
-"""Keep glibc's heap from ballooning under PyTorch's CPU tensors.
+"""Keep glibc's heap from ballooning under PyTorch's CPU tensors, without an mmap per mid-sized tensor.
 
 glibc serves a freed large block's size from the heap from then on (its mmap threshold grows
 dynamically up to 32 MiB), and the heap of a long probe or closed loop, full of tensors of
 ever-changing sizes, then fragments without returning memory to the system: a 400-token probe of
-SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed 1 MiB threshold serves every larger
-block by mmap, returned on free: 1.9 GB, and 10–33 % faster (docs/performance.md, "Memory").
+SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed threshold stops that growth (1.9 GB at 1 MiB,
+1.83 GB at 16 MiB). It is fixed at 16 MiB, not lower, because every block above it is a fresh mmap whose pages
+fault in on first touch: at 1 MiB a (32, 3, 128, 64) bf16 -> float32 key upcast took 1.27 ms against
+0.08-0.13 ms from the heap, and a softmax over 32 x 49,152 logits 3.7 ms against 0.9-1.1 ms
+(docs/performance.md, "Memory"). The trim threshold is set to twice it, as glibc's own dynamic
+setting does, so a block freed at the heap's top is not handed back to the kernel only to fault in again.
 
-Blocks under the threshold still stay in the heap once freed: after a 32-request closed loop the process
+Blocks under the threshold stay in the heap once freed: after a 32-request closed loop the process
 kept 2.98 GiB, of which ``malloc_trim`` gave 2.06 GiB back in 0.17 s (docs/performance.md, "Memory").
 :func:`release_free_heap` does that between stages, so one stage's peak does not stay charged to the
 machine through the next.
@@ -20,8 +24,9 @@ import sys
 
 __all__ = ["DEFAULT_MMAP_THRESHOLD", "cap_heap_growth", "release_free_heap"]
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-DEFAULT_MMAP_THRESHOLD = 1 << 20
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
+M_MMAP_THRESHOLD = -3
+DEFAULT_MMAP_THRESHOLD = 16 << 20
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -34,7 +39,7 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at ``threshold`` bytes; True when set.
+    """Fix glibc's mmap threshold at ``threshold`` bytes and its trim threshold at twice that; True when set.
 
     No-op (False) off glibc Linux, and when the user set ``MALLOC_MMAP_THRESHOLD_`` (theirs wins).
     """
@@ -42,7 +47,7 @@ def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD) -> bool:
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is None:
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold)))
+    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold))) and bool(mallopt(M_TRIM_THRESHOLD, 2 * int(threshold)))
 
 
 def release_free_heap() -> bool:

@@ -35,7 +35,7 @@ def rss_mib():
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
 
-cap_heap_growth()  # blocks under 1 MiB are then served from the heap, as tensors of a model run are
+cap_heap_growth()  # blocks under the threshold are then served from the heap, as tensors of a model run are
 blocks, keepers = [], []
 for _ in range(400):  # 200 MiB in 512 KiB blocks, each pinned in place by a small live block after it
     blocks.append(bytearray(512 * 1024))
@@ -66,3 +66,35 @@ def test_release_free_heap_returns_freed_blocks_below_the_mmap_threshold():
 def test_release_free_heap_is_a_no_op_elsewhere(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert release_free_heap() is False
+
+
+_THRESHOLD_SCENARIO = """
+import ctypes
+from rift_ada.memory import DEFAULT_MMAP_THRESHOLD, cap_heap_growth
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+assert cap_heap_growth()
+mapped = libc.mallinfo2().hblks
+below = [bytearray(6 << 20) for _ in range(4)]  # a batch-32 logits softmax's size: from the heap
+after_below = libc.mallinfo2().hblks
+above = bytearray(2 * DEFAULT_MMAP_THRESHOLD)  # past the threshold: its own mapping, returned on free
+after_above = libc.mallinfo2().hblks
+print(mapped, after_below, after_above)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt exists on Linux only")
+def test_blocks_below_the_threshold_come_from_the_heap_and_larger_ones_are_mapped():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _THRESHOLD_SCENARIO], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    mapped, after_below, after_above = map(int, done.stdout.split())
+    assert after_below == mapped  # 6 MiB tensors no longer each fault in a fresh mapping
+    assert after_above == mapped + 1
