@@ -66,6 +66,34 @@ def pop_pending(layer_idx: int) -> Any:
     return None if table is None else table.pop(layer_idx, None)
 
 
+class QueryLog:
+    """The post-RoPE queries of budgeted layers' forwards while it is open (`log_queries`), per layer in
+    order: the draft steps of a round, whose committed positions' queries the rows keep once the
+    target has verified them (`rift_ada.batch_cache.BatchedCache.keep_logged_queries`)."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, torch.nn.Module] = {}
+        self.steps: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # layer -> [(query, (cos, sin))] per forward
+
+    def add(self, module: torch.nn.Module, layer_idx: int, query: torch.Tensor) -> None:
+        self.modules[layer_idx] = module
+        self.steps.setdefault(layer_idx, []).append((query, getattr(module, "_rift_position_embeddings", None)))
+
+    def queries(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, h, forwards, d) post-RoPE and pre-RoPE queries of ``layer_idx``'s logged single-token forwards."""
+        steps = self.steps[layer_idx]
+        query = torch.cat([step[0] for step in steps], 2)
+        embeddings = None
+        if steps[0][1] is not None:
+            embeddings = tuple(torch.cat([step[1][part] for step in steps], 1) for part in range(2))
+        return query, _inverse_rope(self.modules[layer_idx], query, embeddings)
+
+
+def log_queries(log: QueryLog | None) -> None:
+    """Open ``log`` (None: close the open one) for the forwards that follow, in this thread."""
+    _slot.query_log = log
+
+
 def band_mask(pending: PendingAttention, device: torch.device) -> torch.Tensor:
     """Boolean visibility (batch, 1|kv, q, n_selected + n_window): True = attend."""
     query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=device)
@@ -265,9 +293,11 @@ def _attention_output(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return output.reshape(batch, n_kv * group, n_queries, -1).transpose(1, 2).contiguous()
 
 
-def _inverse_rope(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
-    """Undo the module's rotary embedding (rotation by -theta) to recover pre-RoPE queries."""
-    position_embeddings = getattr(module, "_rift_position_embeddings", None)
+def _inverse_rope(module: torch.nn.Module, query: torch.Tensor, position_embeddings: Any = None) -> torch.Tensor:
+    """Undo the module's rotary embedding (rotation by -theta) to recover pre-RoPE queries.
+    ``position_embeddings``: the (cos, sin) the queries were rotated with (default: the module's last)."""
+    if position_embeddings is None:
+        position_embeddings = getattr(module, "_rift_position_embeddings", None)
     if position_embeddings is None:
         return query
     cos, sin = position_embeddings
@@ -335,6 +365,9 @@ def _make_interface(base: str) -> Callable[..., Any]:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         pending = pop_pending(getattr(module, "layer_idx", -1))
+        log = getattr(_slot, "query_log", None)
+        if log is not None and pending is not None:
+            log.add(module, module.layer_idx, query)
         if pending is not None and not isinstance(pending, PendingAttention):  # a batch of requests
             scaling = kwargs.get("scaling") or module.scaling
             output = batched_attention(module, query, key, value, pending, scaling)

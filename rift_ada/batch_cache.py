@@ -33,7 +33,15 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from rift_ada.attention import BatchPending, PendingAttention, pop_pending, set_pending, span_slices
+from rift_ada.attention import (
+    BatchPending,
+    PendingAttention,
+    QueryLog,
+    group_query_mean,
+    pop_pending,
+    set_pending,
+    span_slices,
+)
 from rift_ada.cache import (
     BudgetedCache,
     BudgetedLayer,
@@ -337,6 +345,38 @@ class BatchedCache(BudgetedCache):
                     row.restore(row_state)
             else:
                 self.layers[index] = copy.deepcopy(state)
+
+    def restore_rows(self, states: list[Any], rows: Sequence[int]) -> None:
+        """Roll ``rows`` back to a `snapshot` state (attention layers only: a recurrent state is not per row)."""
+        if self.has_recurrent_layers:
+            raise CacheError("restore_rows: a cache with recurrent layers is restored whole (restore)")
+        for layer, state in zip(self.layers, states, strict=True):
+            for index in rows:
+                layer.rows[index].restore(state[index])
+
+    def rolls_back_by_crop(self, index: int) -> bool:
+        """Whether row ``index`` can drop a round's rejected draft steps by a crop: every layer is
+        attention and no selector accumulates attention scores during the steps (H2O), so keeping
+        the committed steps' KV and queries leaves the row as a re-feed of its committed tokens would."""
+        if self.has_recurrent_layers:
+            return False
+        return not any(self.layers[layer].rows[index].selector.observes_attention for layer in self.row_indices)
+
+    def keep_logged_queries(self, log: QueryLog, counts: Sequence[int], starts: Sequence[int]) -> None:
+        """Record in row i the queries of its first ``counts[i]`` logged single-token forwards (a round's
+        committed draft steps, fed at positions ``starts[i]``..), as a forward of those tokens would."""
+        for layer_index in self.row_indices:
+            rows = self.layers[layer_index].rows
+            wanted = [bool(count) and row.wants_queries() for row, count in zip(rows, counts, strict=True)]
+            if layer_index not in log.steps or not any(wanted):
+                continue
+            query, pre_rope_query = log.queries(layer_index)
+            group_mean = group_query_mean(pre_rope_query, rows[0].keys.shape[1])
+            for index, (row, count, start) in enumerate(zip(rows, counts, starts, strict=True)):
+                if wanted[index]:
+                    note = PendingAttention(row, start, count, full=False)
+                    row_slice = slice(index, index + 1)
+                    row.record_queries(query[row_slice, :, :count], None, note, group_mean[row_slice, :, :count])
 
     def recurrent_state(self) -> list[list[torch.Tensor]]:
         """Copies of every non-budgeted layer's batch-major tensors (to put rows back after a forward)."""

@@ -499,6 +499,12 @@ class BudgetedLayer(DynamicLayer):
         if tokens_to_remove < 0:
             self.length = max(0, self.length + tokens_to_remove)
 
+    def roll_back_to(self, length: int) -> None:
+        """Keep the first ``length`` stored positions: what a round's rejected draft steps wrote leaves
+        (their queries were never recorded; the window ring is rebuilt at the next step)."""
+        self.length = length
+        self._ring_length = -1
+
     def reset(self) -> None:
         self.__init__(  # type: ignore[misc]
             self.policy, self.layer_idx, self.scaling, self.sinks, self.rope, self.output_weight

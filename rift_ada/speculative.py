@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rift_ada.attention import QueryLog, log_queries
 from rift_ada.batch_cache import BatchedCache
 from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
@@ -351,17 +352,26 @@ def speculative_generate_batch(
 
 
 def _draft(
-    draft_model: Any, cache: BatchedCache, active: list[_Row], steps: list[int], temperature: float
+    draft_model: Any,
+    cache: BatchedCache,
+    active: list[_Row],
+    steps: list[int],
+    temperature: float,
+    log: QueryLog | None = None,
 ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[float]]]:
     """Draft up to ``steps[i]`` tokens per row, one batched single-token forward per step.
 
-    The steps record no queries: the round's rollback would discard them (`BatchedCache.keep_queries`)."""
+    The steps record no queries in the rows (`BatchedCache.keep_queries`): only the committed steps'
+    count, which verification decides. With ``log`` their queries are kept there until it has
+    (`_roll_back_draft`). A row that drafts fewer than the longest row's steps feeds its last draft
+    once more at the next position (the KV its committed text needs) and rides along after that."""
     drafted: list[list[int]] = [[] for _ in active]
     dists: list[list[torch.Tensor]] = [[] for _ in active]
     entropies: list[list[float]] = [[] for _ in active]
     feeds = [[row.pending] for row in active]
     positions = [row.cache_length for row in active]
     cache.keep_queries(False)
+    log_queries(log)
     try:
         for step in range(max(steps)):
             # one exact float32 upcast serves entropy, sampling and argmax (bf16's argmax is ~4x slower on the CPU)
@@ -386,8 +396,46 @@ def _draft(
                 feeds[index] = [token]
             positions = [position + 1 for position in positions]
     finally:
+        log_queries(None)
         cache.keep_queries(True)
     return drafted, dists, entropies
+
+
+def _roll_back_draft(
+    draft_model: Any,
+    cache: BatchedCache,
+    state: list[Any] | None,
+    log: QueryLog | None,
+    crops: list[bool],
+    kept_feeds: list[list[int]],
+    starts: list[int],
+    width: int,
+) -> None:
+    """Take a round's rejected draft steps out of the draft cache; it then holds each row's committed
+    tokens (``kept_feeds[i]`` from ``starts[i]``), with their queries recorded.
+
+    A row with ``crops[i]`` (`BatchedCache.rolls_back_by_crop`) keeps the KV and the logged queries
+    of its committed steps and drops the rest; only a token no step fed (the last draft of a round
+    whose ``width`` drafts were all accepted) is fed now. The other rows (recurrent layers, H2O's
+    accumulated scores) are restored to ``state``, the round start, and fed their committed tokens
+    again. All rows' feeds share one forward, none when nothing is left to feed."""
+    if log is None:
+        cache.restore(state)  # type: ignore[arg-type]
+        forward_rows(draft_model, cache, kept_feeds, starts, logits=False)
+        return
+    fed = [min(len(kept), width) if crop else 0 for kept, crop in zip(kept_feeds, crops, strict=True)]
+    cache.keep_logged_queries(log, fed, starts)
+    for layer_index in cache.row_indices:
+        for index, row in enumerate(cache.layers[layer_index].rows):
+            if crops[index]:
+                row.roll_back_to(starts[index] + fed[index])
+    if not all(crops):
+        cache.restore_rows(state, [index for index, crop in enumerate(crops) if not crop])  # type: ignore[arg-type]
+    counts = [len(kept) - n for kept, n in zip(kept_feeds, fed, strict=True)]
+    if any(counts):
+        feeds = [kept[n:] or kept[:1] for kept, n in zip(kept_feeds, fed, strict=True)]  # count 0: an unused slot
+        positions = [start + n for start, n in zip(starts, fed, strict=True)]
+        _forward_padded(draft_model, cache, feeds, positions, counts, logits=False)
 
 
 def _round(
@@ -402,8 +450,10 @@ def _round(
 ) -> list[bool]:
     """One draft/verify round of every active row; returns which rows finished."""
     steps = [min(draft_length, row.limit - len(row.output)) for row in active]
-    draft_state = draft_cache.snapshot()
-    drafted, dists, entropies = _draft(draft_model, draft_cache, active, steps, temperature)
+    crops = [draft_cache.rolls_back_by_crop(index) for index in range(len(active))]
+    draft_state = None if all(crops) else draft_cache.snapshot()
+    log = QueryLog() if any(crops) else None
+    drafted, dists, entropies = _draft(draft_model, draft_cache, active, steps, temperature, log)
 
     # Verify: every row feeds pending + max(steps) tokens (short rows padded; the target is rolled back).
     width = max(steps)
@@ -429,7 +479,7 @@ def _round(
         committed_rows.append(committed)
         accepted_rows.append(min(accepted, len(committed) - 1))
 
-    # Rejected draft tokens leave both caches; committed ones are fed to the draft again.
+    # Rejected draft tokens leave both caches.
     starts = [row.cache_length for row in active]
     if target_state is None:
         for layer_index in target_cache.row_indices:
@@ -438,8 +488,7 @@ def _round(
     else:
         target_cache.restore(target_state)
         forward_rows(target, target_cache, kept_feeds, starts, logits=False)
-    draft_cache.restore(draft_state)
-    forward_rows(draft_model, draft_cache, kept_feeds, starts, logits=False)
+    _roll_back_draft(draft_model, draft_cache, draft_state, log, crops, kept_feeds, starts, width)
 
     finished = []
     for index, row in enumerate(active):

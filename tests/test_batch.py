@@ -217,3 +217,64 @@ def test_batches_of_16_and_32_equal_each_request_alone(temperature):
             for got_row, want_row in zip(got_strides, want_strides, strict=True):  # signals up to float order
                 assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
     assert sum(result.refreshes for result in alone) > 0
+
+
+class _CacheWitness:
+    """A refresh hook that notes what the row's draft cache holds after every round, then defers to ``hook``."""
+
+    def __init__(self, hook: ControllerRefresh):
+        self.hook, self.seen = hook, []
+
+    def __call__(self, record, n_committed, cache):
+        self.seen.append([(layer.length, layer.query_count,
+                           None if layer.query_positions is None else layer.query_positions.tolist(),
+                           None if layer.query_buffer is None else layer.query_buffer.clone(),
+                           layer.stored_keys().clone()) for layer in cache.budgeted_layers])  # fmt: skip
+        return self.hook(record, n_committed, cache)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_cropped_rollback_leaves_the_draft_cache_as_a_re_feed_does(temperature, monkeypatch):
+    """Rows that drop rejected draft steps by a crop (rift-stat, snapkv, full) keep the KV and queries
+    of their committed steps: after every round each row stores what restoring the round start and
+    feeding its committed tokens again stores (the rollback every row used before, and H2O rows and
+    recurrent drafts still use), up to float order; tokens, rounds, refreshes and signals are the same."""
+    from rift_ada.batch_cache import BatchedCache
+    from rift_ada.cache import BudgetedLayer
+
+    model = tiny_model("llama", seed=9)
+    crops = []
+    real_roll_back = BudgetedLayer.roll_back_to
+
+    def counted_roll_back(self, length):
+        crops.append(length)
+        real_roll_back(self, length)
+
+    monkeypatch.setattr(BudgetedLayer, "roll_back_to", counted_roll_back)
+
+    def run():
+        requests = [dataclasses.replace(r, refresh_hook=_CacheWitness(r.refresh_hook)) for r in _ragged_requests()]
+        return requests, speculative_generate_batch(model, requests, draft_length=4, temperature=temperature)
+
+    cropped_requests, cropped = run()
+    assert crops
+    monkeypatch.setattr(BatchedCache, "rolls_back_by_crop", lambda self, index: False)
+    crops.clear()
+    re_fed_requests, re_fed = run()
+    assert not crops
+    full_accepts = 0
+    for index, (got, want) in enumerate(zip(cropped, re_fed, strict=True)):
+        label = f"request {index}"
+        assert got.tokens == want.tokens, label
+        assert [r.accepted for r in got.rounds] == [r.accepted for r in want.rounds], label
+        assert [r.refreshed for r in got.rounds] == [r.refreshed for r in want.rounds], label
+        full_accepts += sum(r.accepted == 4 for r in got.rounds)
+        got_hook, want_hook = cropped_requests[index].refresh_hook, re_fed_requests[index].refresh_hook
+        for got_row, want_row in zip(got_hook.hook.strides, want_hook.hook.strides, strict=True):
+            assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
+        for got_round, want_round in zip(got_hook.seen, want_hook.seen, strict=True):
+            for (length, count, positions, queries, keys), want_layer in zip(got_round, want_round, strict=True):
+                assert (length, count, positions) == want_layer[:3], label
+                torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
+    assert full_accepts > 0  # rounds whose last draft no step fed (the one token a cropped rollback feeds)
