@@ -3,9 +3,10 @@
 T = 0 accepts the longest prefix of draft tokens equal to the target's greedy choices; T > 0 uses
 rejection sampling (Leviathan et al., 2023), so the output follows the target distribution
 whatever the draft's cache policy. A round's acceptance length (AL) is accepted drafts + 1.
-Rejected draft tokens leave the draft cache: the cache is rolled back to the start of the round
-and the committed tokens are fed again, which also works for recurrent (linear-attention, Mamba)
-layers that cannot be cropped.
+Rejected draft tokens leave the draft cache (`_roll_back_draft`): a row of an attention-only draft is
+cropped to its committed tokens, whose KV and queries its draft steps already made; a row that a
+crop cannot undo (recurrent linear-attention or Mamba layers, H2O's accumulated scores) is rolled
+back to the start of the round and its committed tokens are fed again.
 
 With ``forced_tokens`` (a fixed target response) the loop is teacher-forced: at T = 0 the draft's
 greedy proposals are matched against the response; at T > 0 the draft is fed the response and the
