@@ -25,17 +25,18 @@ is measured side by side.
 Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and the
 best GEMM rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over contexts c
 streams the weights of every Linear (the lm_head included, a tied embedding once: Gemma3's 262K-row
-lm_head is its embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys read
-summed over the layers: a full-attention layer reads c (or the budget), a sliding-window layer (Gemma3:
-15 of 18, window 512) at most its window, budgeted or not; its floor is max(bytes / bandwidth, FLOPs /
-GEMM rate). A stage's floor per committed token adds its forwards: closed loop per round K single-token
-draft steps over the budget, one verification of K + 1 tokens over the full context, one re-feed of AL
-tokens over the budget; probe per stride one forward of every arm's 8 tokens over the budget plus the
-canonical pass over the full context (stacked over the b requests, but one request at a time for a model
-with sliding-window layers, as `probe_requests` runs them); targets one forward of b tokens over the
-full context. ``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger
-names the bound that stops the stage. Both machine figures are the best of many tries, before and after
-the cells (other jobs on a shared machine only slow some tries).
+lm_head is its embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys read summed
+over the layers: a full-attention layer reads c (or the budget), a sliding-window layer (Gemma3: 15 of
+18, window 512) at most its window, budgeted or not; its floor is max(bytes / bandwidth, FLOPs / GEMM
+rate). A stage's floor per committed token adds its forwards: closed loop per round K single-token draft
+steps over the budget and one verification of K + 1 tokens over the full context (no re-feed of the
+accepted tokens: since 19d9d78 the rollback keeps the draft steps' KV; the floors printed before it
+counted one forward of AL tokens over the budget too); probe per stride one forward of every arm's 8
+tokens over the budget plus the canonical pass over the full context (stacked over the b requests, but
+one request at a time for a model with sliding-window layers, as `probe_requests` runs them); targets one
+forward of b tokens over the full context. ``%mem`` and ``%gemm`` are the measured decode rate over each
+floor's rate; the larger names the bound that stops the stage. Both machine figures are the best of many
+tries, before and after the cells (other jobs on a shared machine only slow some tries).
 
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
 /proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
@@ -153,7 +154,7 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
     elif cell["stage"] == "closed":
         al = cell["tokens"] / max(1, cell["rounds"])  # committed tokens per row-round
         parts = [forward(batch, batch, working)] * DRAFT_LENGTH
-        parts += [forward(batch * (DRAFT_LENGTH + 1), batch, context), forward(batch * al, batch, working)]
+        parts.append(forward(batch * (DRAFT_LENGTH + 1), batch, context))
         committed = batch * al
     elif costs["sliding_layers"]:  # probe, sliding-window layers: each request's forwards alone (not stacked)
         stride, arms = 8, cell["arms"]
