@@ -501,9 +501,21 @@ class BudgetedLayer(DynamicLayer):
 
     def roll_back_to(self, length: int) -> None:
         """Keep the first ``length`` stored positions: what a round's rejected draft steps wrote leaves
-        (their queries were never recorded; the window ring is rebuilt at the next step)."""
+        (their queries were never recorded). The window ring, whose slots those steps wrote over, is
+        repaired in place rather than rebuilt: the slots of positions the next step's window still holds
+        get their keys and values back from the stored KV (at most one per dropped step)."""
+        ring, end, window = self._ring, self._ring_length, self.window
         self.length = length
-        self._ring_length = -1
+        if ring is None or end < length or ring[0] is not self.selection:
+            self._ring_length = -1
+            return
+        # the ring holds positions end - window .. end - 1; those below end - window it no longer has
+        low, high = max(0, length - window + 1), min(end - window, length)
+        if high > low:
+            slots = ring[0].shape[-1] + torch.arange(low, high, device=self.keys.device) % window
+            ring[1][:, :, slots] = self.keys[:, :, low:high]
+            ring[2][:, :, slots] = self.values[:, :, low:high]
+        self._ring_length = length
 
     def reset(self) -> None:
         self.__init__(  # type: ignore[misc]
