@@ -5,10 +5,10 @@ dynamically up to 32 MiB), and the heap of a long probe or closed loop, full of 
 ever-changing sizes, then fragments without returning memory to the system: a 400-token probe of
 SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed threshold stops that growth (1.9 GB at 1 MiB,
 1.83 GB at 16 MiB). It is fixed at 16 MiB, not lower, because every block above it is a fresh mmap whose pages
-fault in on first touch: at 1 MiB a (32, 3, 128, 64) bf16 -> float32 key upcast took 1.27 ms against
-0.08-0.13 ms from the heap, and a softmax over 32 x 49,152 logits 3.7 ms against 0.9-1.1 ms
-(docs/performance.md, "Memory"). The trim threshold is set to twice it, as glibc's own dynamic
-setting does, so a block freed at the heap's top is not handed back to the kernel only to fault in again.
+fault in on first touch: at 1 MiB a 3 MiB bf16 -> float32 key upcast took 1.71 ms against 0.17 ms at
+16 MiB, and a 6 MiB softmax 4.95 ms against 1.45 ms (docs/performance.md, "Memory", with its command).
+The trim threshold is set to twice it, as glibc's own dynamic setting does, so a block freed at the
+heap's top is not handed back to the kernel only to fault in again.
 
 Blocks under the threshold stay in the heap once freed: after a 32-request closed loop the process
 kept 2.98 GiB, of which ``malloc_trim`` gave 2.06 GiB back in 0.17 s (docs/performance.md, "Memory").

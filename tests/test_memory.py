@@ -49,16 +49,19 @@ print(ran, before, after)
 """
 
 
+def _run_fresh(scenario: str) -> list[str]:
+    """Run ``scenario`` in a fresh interpreter without the user's MALLOC_* settings; its printed words."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", scenario], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
 def test_release_free_heap_returns_freed_blocks_below_the_mmap_threshold():
     # A fresh interpreter: a test worker's heap, shaped by the tests before it, would decide where
     # the blocks land (in CI a worker at 1 GiB of RSS served them elsewhere and the trim found 8 MiB).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run(
-        [sys.executable, "-c", _TRIM_SCENARIO], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    ran, before, after = done.stdout.split()
+    ran, before, after = _run_fresh(_TRIM_SCENARIO)
     assert ran == "True"
     assert float(before) - float(after) > 100, (before, after)
 
@@ -90,11 +93,6 @@ print(mapped, after_below, after_above)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt exists on Linux only")
 def test_blocks_below_the_threshold_come_from_the_heap_and_larger_ones_are_mapped():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run(
-        [sys.executable, "-c", _THRESHOLD_SCENARIO], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    mapped, after_below, after_above = map(int, done.stdout.split())
+    mapped, after_below, after_above = map(int, _run_fresh(_THRESHOLD_SCENARIO))
     assert after_below == mapped  # 6 MiB tensors no longer each fault in a fresh mapping
     assert after_above == mapped + 1
