@@ -93,11 +93,23 @@ class BatchedLayer(DynamicLayer):
             self._point_rows()
 
     def keep(self, rows: Sequence[int]) -> None:
+        """Keep ``rows`` (in that order); their rings stay rows of ``rings``, so the next step stays batched."""
         index = torch.tensor(list(rows), dtype=torch.long, device=self.keys.device)
+        rings, in_rings = self.rings, []
+        if rings is not None and rings[0].shape[0] == len(self.rows):
+            for i in rows:
+                ring = self.rows[i].ring_keys()
+                in_rings.append(ring is not None and ring.data_ptr() == rings[0][i].data_ptr())
+            rings = self.rings = (rings[0].index_select(0, index), rings[1].index_select(0, index))
+        else:
+            self.rings = None
         self.rows = [self.rows[i] for i in rows]
         self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
         self._point_rows()
-        self.rings = None
+        for new_index, adopted in enumerate(in_rings):  # empty when there were no rings
+            if adopted:
+                row = self.rows[new_index]
+                row.adopt_ring(rings[0][new_index : new_index + 1], rings[1][new_index : new_index + 1])  # type: ignore[index]
 
     def get_seq_length(self) -> int:
         return max(row.length for row in self.rows)
@@ -115,6 +127,8 @@ class BatchedLayer(DynamicLayer):
             return self._update_full(key_states, value_states, counts)
         if n_new == 1 and all(count == 1 for count in counts):
             slots = self._ring_slots()
+            if slots is None and self._rebuild_rings():
+                slots = self._ring_slots()
             if slots is not None:
                 return self._ring_step(key_states, value_states, slots)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -179,6 +193,20 @@ class BatchedLayer(DynamicLayer):
                 return None
             slots.append(slot)
         return slots
+
+    def _rebuild_rings(self) -> bool:
+        """Rebuild, in their rows of ``rings``, the rings of the rows whose ring is not current there (a
+        refresh, a restore), so a single-token step stays one batched ring step; False where a row
+        cannot take the ring path (then the step goes row by row)."""
+        rings = self.rings
+        if rings is None or rings[0].shape[0] != len(self.rows):
+            return False
+        for index, row in enumerate(self.rows):
+            keys, values = rings[0][index : index + 1], rings[1][index : index + 1]
+            current = row.ring_step_slot() is not None and row.ring_keys().data_ptr() == keys.data_ptr()  # type: ignore[union-attr]
+            if not current and not row.rebuild_ring_in(keys, values):
+                return False
+        return True
 
     def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
         """A single-token step of budgeted rows with current rings: two index writes for the batch."""

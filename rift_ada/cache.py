@@ -342,6 +342,36 @@ class BudgetedLayer(DynamicLayer):
         self.length = self._ring_length = first + 1
         return self._ring_note(first) if self.wants_queries() else None
 
+    def rebuild_ring_in(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Rebuild the [selection | window ring] buffer into ``keys``/``values`` (e.g. this row's slot of
+        a batch buffer) as it stands before the next single-token step, so that step is a ring step
+        (`ring_step_slot`) even after a refresh or a restore. False, with nothing changed, where the
+        step would not take the ring path or the buffer is not this row's width."""
+        selection, window, length = self.selection, self.window, self.length
+        if (
+            selection is None
+            or self.arms is not None
+            or self.force_full
+            or self.selector.full
+            or self.selector.observes_attention
+            or not self.prefilled
+            or self.is_unfilled()
+            or length + 1 < window
+            or selection.shape[-1] + window != keys.shape[2]
+        ):
+            return False
+        selected_keys, selected_values = self._selected_kv(selection, prefix=False)
+        if self._gathered is not None and length < self._gathered[3]:  # the step writes over a selected position
+            return False
+        n_selected = selection.shape[-1]
+        start = max(0, length - window)  # the step overwrites position length - window (at length % window)
+        slots = n_selected + torch.arange(start, length, device=self.keys.device) % window
+        keys[:, :, :n_selected], values[:, :, :n_selected] = selected_keys, selected_values
+        keys[:, :, slots], values[:, :, slots] = self.keys[:, :, start:length], self.values[:, :, start:length]
+        self._ring = (selection, keys, values)
+        self._ring_length = length
+        return True
+
     def ring_keys(self) -> torch.Tensor | None:
         """The keys of the [selection | window ring] buffer (None: no ring yet)."""
         return None if self._ring is None else self._ring[1]

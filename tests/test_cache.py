@@ -154,3 +154,35 @@ def test_bad_input_errors_are_clear():
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(CacheError, match="no full-attention layers"):
         make_draft_cache(model, make_policy("rift-stat", budget=64, obs_window=8))
+
+
+def test_a_ring_rebuilt_before_a_step_is_the_ring_the_step_would_build():
+    """After a refresh, `rebuild_ring_in` (what a batch does to keep a step batched) gives the same
+    [selection | window ring] and logits as the step rebuilding the ring itself, in the buffer given."""
+    import copy
+
+    model = tiny_model("llama", seed=7)
+    ids = torch.randint(0, VOCAB, (1, 101), generator=torch.Generator().manual_seed(9))
+    rebuilt = make_draft_cache(model, make_policy("rift-dyn", budget=24, obs_window=8, refresh_interval=8))
+    with torch.no_grad():
+        model(ids[:, :60], cache=rebuilt, use_cache=True)
+        for step in range(60, 100):
+            model(ids[:, step : step + 1], cache=rebuilt, use_cache=True)
+        rebuilt.refresh()
+        itself = copy.deepcopy(rebuilt)
+        buffers = []
+        for layer in rebuilt.budgeted_layers:
+            width = layer.selection.shape[-1] + layer.window
+            keys = layer.keys.new_full((1, layer.keys.shape[1], width, layer.keys.shape[3]), float("nan"))
+            values = layer.values.new_full((1, layer.values.shape[1], width, layer.values.shape[3]), float("nan"))
+            assert layer.ring_step_slot() is None  # the refresh made the ring stale
+            assert layer.rebuild_ring_in(keys, values)
+            assert layer.ring_step_slot() is not None
+            buffers.append(keys)
+        logits = model(ids[:, 100:], cache=rebuilt, use_cache=True).logits
+        reference = model(ids[:, 100:], cache=itself, use_cache=True).logits
+    assert torch.equal(logits, reference)
+    for layer, other, keys in zip(rebuilt.budgeted_layers, itself.budgeted_layers, buffers, strict=True):
+        assert layer.ring_keys() is keys  # the step wrote into the buffer given, it did not rebuild
+        assert torch.equal(layer.ring_keys(), other.ring_keys())
+        assert torch.equal(layer._ring[2], other._ring[2])
