@@ -123,7 +123,7 @@ class BatchedLayer(DynamicLayer):
         self.reserve(self.get_seq_length() + n_new)
         if len(self.rows) == 1 and counts[0] == n_new:  # one request: exactly the single-request path
             return self.rows[0].update(key_states, value_states)
-        if all(row.attends_everything() for row in self.rows):
+        if all(row.attends_everything(n_new) for row in self.rows):
             return self._update_full(key_states, value_states, counts)
         if n_new == 1 and all(count == 1 for count in counts):
             slots = self._ring_slots()
@@ -161,7 +161,8 @@ class BatchedLayer(DynamicLayer):
         return keys, values
 
     def _update_full(self, key_states: torch.Tensor, value_states: torch.Tensor, counts: list[int]):
-        """Every row attends to all its stored keys: append by index, attend over the shared storage."""
+        """Every row attends to all its stored keys (`BudgetedLayer.attends_everything`): append by index,
+        attend over the shared storage."""
         n_new = key_states.shape[2]
         device = self.keys.device
         lengths = [row.length for row in self.rows]

@@ -443,9 +443,15 @@ class BudgetedLayer(DynamicLayer):
     def wants_full_probs(self, pending: PendingAttention) -> bool:
         return self.mass_targets is not None and self.prefilled
 
-    def attends_everything(self) -> bool:
-        """A prefilled full-policy layer outside the probe: each query sees every stored key up to itself."""
-        return self.selector.full and self.prefilled and self.arms is None and self.mass_targets is None
+    def attends_everything(self, n_new: int = 0) -> bool:
+        """Each of the next ``n_new`` queries sees every stored key up to itself: a prefilled full-policy
+        layer outside the probe, or a window-only one (``swa``, a model's own sliding window) whose
+        window still holds every position up to the last of them."""
+        if not self.prefilled or self.arms is not None or self.mass_targets is not None:
+            return False
+        if self.selector.full:
+            return True
+        return self._capacity == 0 and not self.selector.observes_attention and self.length + n_new <= self._window
 
     def wants_queries(self) -> bool:
         """Whether the next forward's queries must reach `record_queries` (the prefill's always do)."""

@@ -75,6 +75,22 @@ def test_each_request_of_a_batch_equals_the_request_alone(architecture):
     assert sum(r.accepted for r in batched[0].rounds) < 30  # compression really costs acceptances
 
 
+@pytest.mark.parametrize("architecture", ["gpt_oss", "gemma3_text"])
+def test_requests_that_start_inside_the_sliding_window_equal_the_requests_alone(architecture):
+    """Prompts shorter than the models' own sliding window (8): while every position is in the window,
+    a batch serves those layers as full rows (`BudgetedLayer.attends_everything`), then crosses over."""
+    model = tiny_model(architecture, seed=7)
+    stat = make_policy("rift-stat", budget=16, obs_window=4)
+    requests = [
+        BatchRequest(_prompt(60 + index, length), stat, max_new_tokens=14, refresh_hook=PeriodicRefresh(8))
+        for index, length in enumerate((2, 3, 5, 7))
+    ]
+    batched = speculative_generate_batch(model, requests, draft_length=4)
+    for index, (request, got) in enumerate(zip(requests, batched, strict=True)):
+        _assert_same_as_alone(model, request, got, f"{architecture} request {index}")
+        assert len(got.tokens) == request.max_new_tokens
+
+
 def test_refreshing_one_request_leaves_the_others_selections_unchanged():
     from rift_ada.batch_cache import BatchedCache
     from rift_ada.cache import make_draft_cache
