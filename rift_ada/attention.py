@@ -242,7 +242,7 @@ def batched_attention(
     needs_probs = any(wants)
     if sinks is None and not needs_probs:
         if _sdpa_is_slow(query):
-            return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
+            return _single_query_attention(query, key, value, scaling, visible)
         if mask is not None and group > 1:
             mask = visible.expand(-1, -1, group, -1, -1).reshape(batch, n_heads, n_queries, -1)
         output = torch.nn.functional.scaled_dot_product_attention(
@@ -258,9 +258,30 @@ def batched_attention(
 
 def _sdpa_is_slow(query: torch.Tensor) -> bool:
     """One query per row in bf16 / fp16 on the CPU: torch's SDPA is 7-8x slower there than this module's
-    float32-softmax path; at 8-12 queries the two are within 0.85-1.2x, so those keep SDPA
+    `_single_query_attention`; at 8-12 queries the two are within 0.85-1.2x, so those keep SDPA
     (benchmarks/investigations/bf16_kernels.py). Other devices keep SDPA (fused kernels)."""
     return query.shape[2] == 1 and query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
+
+
+def _single_query_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, visible: torch.Tensor | None
+) -> torch.Tensor:
+    """`_sdpa_is_slow`'s path, (b, h, q, d) queries over (b, kv, n, d) keys -> (b, q, h, d). bf16: the logits
+    GEMM in bf16 (float32 accumulation, rounded once to bf16, as transformers' eager attention), half
+    the bytes of float32 upcasts, whose reading bounds a decode step over a long full cache; fp16 upcasts
+    (its range). Then a float32 softmax and the values GEMM in their dtype. ``visible``: (b, kv, 1, q, n)."""
+    batch, n_heads, n_queries, head_dim = query.shape
+    n_kv, n_keys = key.shape[1], key.shape[2]
+    dtype = torch.bfloat16 if query.dtype == torch.bfloat16 else torch.float32
+    grouped = query.reshape(batch * n_kv, n_heads // n_kv * n_queries, head_dim).to(dtype)
+    keys = key.reshape(batch * n_kv, n_keys, head_dim).to(dtype)
+    logits = torch.bmm(grouped, keys.transpose(1, 2)).float().mul_(scaling)
+    if visible is not None:
+        shaped = logits.view(batch, n_kv, n_heads // n_kv, n_queries, n_keys)
+        logits = shaped.masked_fill_(~visible, float("-inf")).view(batch * n_kv, -1, n_keys)
+    probs = torch.softmax(logits, dim=-1).to(value.dtype)
+    output = torch.bmm(probs, value.reshape(batch * n_kv, n_keys, value.shape[3]))
+    return output.view(batch, n_heads, n_queries, -1).transpose(1, 2).contiguous()
 
 
 def _attention_probs(
@@ -327,7 +348,7 @@ def budgeted_attention(
         # Fast path: fused attention. A single query sees every gathered key (its own window and
         # the selection), so it needs no mask at all.
         if _sdpa_is_slow(query):
-            return _attention_output(_attention_probs(query, key, scaling, None, None), value)
+            return _single_query_attention(query, key, value, scaling, None)
         mask = None if n_queries == 1 else band_mask(pending, key.device)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
