@@ -268,9 +268,10 @@ def _single_query_attention(
 ) -> torch.Tensor:
     """`_sdpa_is_slow`'s path, (b, h, q, d) queries over (b, kv, n, d) keys -> (b, q, h, d). bf16: the logits
     GEMM in bf16 (float32 accumulation, rounded once to bf16, as transformers' eager attention) on
-    contiguous keys, 2.7-3.7x the float32 upcasts' einsum on a draft step's ring and on a long full cache
-    (a slice of the stored KV: strided, which torch's bf16 GEMM reads slowly); fp16 upcasts (its range).
-    Then a float32 softmax and the values GEMM in their dtype. ``visible``: (b, kv, 1, q, n)."""
+    contiguous keys (a slice of the stored KV is strided, which torch's bf16 GEMM reads slowly): 1.3-1.7x
+    the float32 upcasts' path on a draft step's ring and on a long full cache, at about 4x its mean error
+    (benchmarks/investigations/single_query_attention.py); fp16 upcasts (its range). Then a float32
+    softmax and the values GEMM in their dtype. ``visible``: (b, kv, 1, q, n)."""
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv, n_keys = key.shape[1], key.shape[2]
     grouped = query.reshape(batch, n_kv, n_heads // n_kv * n_queries, head_dim)

@@ -1,5 +1,6 @@
-"""Budgeted and batched attention in reduced precision (bf16 / fp16 single-query steps take a float32-softmax
-path instead of torch's SDPA, several queries keep SDPA): against a float64 dense-mask attention."""
+"""Budgeted and batched attention in reduced precision (bf16 / fp16 single-query steps take
+`_single_query_attention` instead of torch's SDPA, several queries keep SDPA): against a float64
+dense-mask attention."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from rift_ada.attention import BatchPending, PendingAttention, batched_attention
 
 N_HEADS, N_KV, HEAD_DIM = 6, 2, 16
 SCALING = HEAD_DIM**-0.5
-# float32 logits and softmax; the probabilities and the output are rounded to the dtype (2^-8 relative
-# for bf16, 2^-11 for fp16), so a few of its units in the last place on outputs of magnitude ~1
+# a float32 softmax; bf16's single-query logits, the probabilities and the output are rounded to the dtype
+# (2^-8 relative for bf16, 2^-11 for fp16), so a few of its units in the last place on outputs of magnitude ~1
 TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 
 

@@ -1,7 +1,8 @@
 """float32 against bfloat16 on this CPU: the MLP GEMM rate, and attention on a draft step's and a
 verification's shapes (SmolLM2-135M: hidden 576, MLP 1536, 9 query / 3 KV heads of 64): torch's SDPA,
-SDPA on float32 upcasts, the path rift_ada.attention takes for bf16 (float32 logits and softmax, the
-values GEMM in the dtype) and the same with the logits GEMM in the dtype too.
+SDPA on float32 upcasts, the float32-logits path rift_ada.attention took for one bf16 query until
+2026-12-04 (float32 logits and softmax, the values GEMM in the dtype) and the same with the logits GEMM
+in the dtype too (what it takes since: `single_query_attention.py` compares the two, with their errors).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/bf16_kernels.py
 """
@@ -64,7 +65,7 @@ def attention_ms(rows: int, queries: int, keys: int, dtype: torch.dtype) -> dict
         "sdpa on float32": best_ms(
             lambda: sdpa(query.float(), key.float(), value.float(), attn_mask=sdpa_mask, enable_gqa=True).to(dtype)
         ),
-        # rift_ada.attention's path for one query per row in bf16 (float32 logits and softmax)
+        # rift_ada.attention's path for one bf16 query per row until 2026-12-04 (float32 logits and softmax)
         "float32-softmax path": best_ms(
             lambda: _attention_output(_attention_probs(query, key, 0.125, visible, None), value)
         ),
