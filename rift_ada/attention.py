@@ -272,14 +272,13 @@ def _single_query_attention(
     the float32 upcasts' path on a draft step's ring and on a long full cache, at about 4x its mean error
     (benchmarks/investigations/single_query_attention.py); fp16 upcasts (its range). Then a float32
     softmax and the values GEMM in their dtype. ``visible``: (b, kv, 1, q, n)."""
+    if query.dtype != torch.bfloat16:
+        return _attention_output(_attention_probs(query, key, scaling, visible, None), value)
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv, n_keys = key.shape[1], key.shape[2]
     grouped = query.reshape(batch, n_kv, n_heads // n_kv * n_queries, head_dim)
-    if query.dtype == torch.bfloat16:
-        logits = torch.matmul(grouped, key.contiguous().transpose(-1, -2)).float()
-    else:
-        logits = torch.matmul(grouped.float(), key.float().transpose(-1, -2))
-    logits = logits.mul_(scaling).view(batch, n_kv, n_heads // n_kv, n_queries, n_keys)
+    logits = torch.matmul(grouped, key.contiguous().transpose(-1, -2)).float().mul_(scaling)
+    logits = logits.view(batch, n_kv, n_heads // n_kv, n_queries, n_keys)
     if visible is not None:
         logits = logits.masked_fill_(~visible, float("-inf"))
     return _attention_output(torch.softmax(logits, dim=-1), value)

@@ -127,8 +127,6 @@ class BatchedLayer(DynamicLayer):
             return self._update_full(key_states, value_states, counts)
         if n_new == 1 and all(count == 1 for count in counts):
             slots = self._ring_slots()
-            if slots is None and self._rebuild_rings():
-                slots = self._ring_slots()
             if slots is not None:
                 return self._ring_step(key_states, value_states, slots)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -180,34 +178,24 @@ class BatchedLayer(DynamicLayer):
         return self.keys[:, :, :width], self.values[:, :, :width]
 
     def _ring_slots(self) -> list[int] | None:
-        """Per row, the ring slot of a single-token step, when every row's ring is current and lives
-        in ``rings``; else None."""
+        """Per row, the ring slot of a single-token step, when every row's ring is current in ``rings``;
+        a row whose ring is not (a refresh, a restore) is rebuilt in its row of ``rings`` first, so the
+        step stays one batched ring step. None where a row cannot take the ring path (then the step goes
+        row by row)."""
         rings = self.rings
         if rings is None or rings[0].shape[0] != len(self.rows):
             return None
         if self._ring_pointers[0] is not rings:
             self._ring_pointers = (rings, [rings[0][index].data_ptr() for index in range(len(self.rows))])
         slots = []
-        for row, pointer in zip(self.rows, self._ring_pointers[1], strict=True):
+        for index, (row, pointer) in enumerate(zip(self.rows, self._ring_pointers[1], strict=True)):
             slot = row.ring_step_slot()
             if slot is None or row.ring_keys().data_ptr() != pointer:  # type: ignore[union-attr]
-                return None
+                if not row.rebuild_ring_in(rings[0][index : index + 1], rings[1][index : index + 1]):
+                    return None
+                slot = row.ring_step_slot()
             slots.append(slot)
         return slots
-
-    def _rebuild_rings(self) -> bool:
-        """Rebuild, in their rows of ``rings``, the rings of the rows whose ring is not current there (a
-        refresh, a restore), so a single-token step stays one batched ring step; False where a row
-        cannot take the ring path (then the step goes row by row)."""
-        rings = self.rings
-        if rings is None or rings[0].shape[0] != len(self.rows):
-            return False
-        for index, row in enumerate(self.rows):
-            keys, values = rings[0][index : index + 1], rings[1][index : index + 1]
-            current = row.ring_step_slot() is not None and row.ring_keys().data_ptr() == keys.data_ptr()  # type: ignore[union-attr]
-            if not current and not row.rebuild_ring_in(keys, values):
-                return False
-        return True
 
     def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
         """A single-token step of budgeted rows with current rings: two index writes for the batch."""

@@ -321,18 +321,27 @@ class BudgetedLayer(DynamicLayer):
         """The ring slot the next single-token step writes when that write (and the stored KV's) is all
         the step changes, i.e. `update` would take the ring path with a current ring; else None."""
         ring = self._ring
-        if (
-            ring is None
-            or ring[0] is not self.selection
-            or self._ring_length != self.length
+        if ring is None or ring[0] is not self.selection or self._ring_length != self.length:
+            return None
+        return self.selection.shape[-1] + self.length % self.window if self._steps_take_ring() else None
+
+    def _steps_take_ring(self) -> bool:
+        """Whether the next single-token step takes `update`'s ring path (`_ring_working_set`)."""
+        return not (
+            self.selection is None
             or self.arms is not None
             or self.force_full
+            or self.selector.full
             or self.selector.observes_attention
+            or not self.prefilled
             or self.is_unfilled()
             or self.length + 1 < self.window
-        ):
-            return None
-        return self.selection.shape[-1] + self.length % self.window
+        )
+
+    def _write_window_slots(self, keys: torch.Tensor, values: torch.Tensor, low: int, high: int) -> None:
+        """Stored positions [low, high) into their slots of a ring buffer: position p at n_selected + p mod r."""
+        slots = self.selection.shape[-1] + torch.arange(low, high, device=self.keys.device) % self.window
+        keys[:, :, slots], values[:, :, slots] = self.keys[:, :, low:high], self.values[:, :, low:high]
 
     def ring_step_done(self) -> PendingAttention | None:
         """Bookkeeping of a single-token step whose key and value a batch wrote into the stored KV
@@ -347,27 +356,16 @@ class BudgetedLayer(DynamicLayer):
         a batch buffer) as it stands before the next single-token step, so that step is a ring step
         (`ring_step_slot`) even after a refresh or a restore. False, with nothing changed, where the
         step would not take the ring path or the buffer is not this row's width."""
-        selection, window, length = self.selection, self.window, self.length
-        if (
-            selection is None
-            or self.arms is not None
-            or self.force_full
-            or self.selector.full
-            or self.selector.observes_attention
-            or not self.prefilled
-            or self.is_unfilled()
-            or length + 1 < window
-            or selection.shape[-1] + window != keys.shape[2]
-        ):
+        selection, length = self.selection, self.length
+        if not self._steps_take_ring() or selection.shape[-1] + self.window != keys.shape[2]:
             return False
         selected_keys, selected_values = self._selected_kv(selection, prefix=False)
         if self._gathered is not None and length < self._gathered[3]:  # the step writes over a selected position
             return False
         n_selected = selection.shape[-1]
-        start = max(0, length - window)  # the step overwrites position length - window (at length % window)
-        slots = n_selected + torch.arange(start, length, device=self.keys.device) % window
         keys[:, :, :n_selected], values[:, :, :n_selected] = selected_keys, selected_values
-        keys[:, :, slots], values[:, :, slots] = self.keys[:, :, start:length], self.values[:, :, start:length]
+        # the step overwrites position length - window (in slot length % window)
+        self._write_window_slots(keys, values, max(0, length - self.window), length)
         self._ring = (selection, keys, values)
         self._ring_length = length
         return True
@@ -548,9 +546,7 @@ class BudgetedLayer(DynamicLayer):
         # the ring holds positions end - window .. end - 1; those below end - window it no longer has
         low, high = max(0, length - window + 1), min(end - window, length)
         if high > low:
-            slots = ring[0].shape[-1] + torch.arange(low, high, device=self.keys.device) % window
-            ring[1][:, :, slots] = self.keys[:, :, low:high]
-            ring[2][:, :, slots] = self.values[:, :, low:high]
+            self._write_window_slots(ring[1], ring[2], low, high)
         self._ring_length = length
 
     def reset(self) -> None:

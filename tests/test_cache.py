@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tiny_models import ARCHITECTURES, VOCAB, tiny_config, tiny_model
@@ -159,8 +161,6 @@ def test_bad_input_errors_are_clear():
 def test_a_ring_rebuilt_before_a_step_is_the_ring_the_step_would_build():
     """After a refresh, `rebuild_ring_in` (what a batch does to keep a step batched) gives the same
     [selection | window ring] and logits as the step rebuilding the ring itself, in the buffer given."""
-    import copy
-
     model = tiny_model("llama", seed=7)
     ids = torch.randint(0, VOCAB, (1, 101), generator=torch.Generator().manual_seed(9))
     rebuilt = make_draft_cache(model, make_policy("rift-dyn", budget=24, obs_window=8, refresh_interval=8))
