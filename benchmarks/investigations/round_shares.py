@@ -78,10 +78,11 @@ def main() -> None:
         )
         start = time.perf_counter()
         out = forward_rows(model, cache, feeds, positions, logits=logits)
-        seconds[kind] += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        seconds[kind] += elapsed
         calls[kind] += 1
         if kind == "draft step":
-            by_step[current["step"]].append(time.perf_counter() - start)
+            by_step[current["step"]].append(elapsed)
             current["step"] += 1
         elif kind == "verification":
             current["step"] = 0
