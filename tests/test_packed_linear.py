@@ -1,0 +1,108 @@
+"""bfloat16 Linear layers packed for oneDNN (`rift_ada.packed_linear`): same products, rows independent, and
+the plain path wherever the packed copy would be wrong (autograd, a rewritten weight, another dtype)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+from rift_ada.packed_linear import PACKING_VARIABLE, PackedLinear, pack_linear_weights, packing_available
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN bfloat16 (nothing to pack)"),
+]
+
+
+def _linear(rows_in: int = 96, rows_out: int = 160, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(rows_in, rows_out).to(torch.bfloat16)
+
+
+def _reference(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product computed from scratch in float64."""
+    return x.double() @ layer.weight.double().T + layer.bias.double()
+
+
+@pytest.mark.parametrize("rows", [1, 12, 32, 448])
+def test_a_packed_linear_is_the_product_rounded_once_and_each_row_its_own(rows):
+    layer = _linear()
+    plain = copy.deepcopy(layer)
+    assert pack_linear_weights(layer) == 1 and type(layer) is PackedLinear
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        got = layer(x)
+        reference = _reference(layer, x)
+        # float32 accumulation rounded to bfloat16 once: within half a bf16 ulp (2^-9 relative) plus accumulation
+        torch.testing.assert_close(got.double(), reference, rtol=2**-8, atol=1e-2)
+        torch.testing.assert_close(got, plain(x), rtol=2**-8, atol=1e-2)
+        assert torch.equal(layer(x[-1:])[0], got[-1]), "a row's product depends on the other rows"
+
+
+def test_training_a_packed_linear_takes_the_plain_path_and_the_new_weight_is_packed_again():
+    layer = _linear()
+    plain = copy.deepcopy(layer)
+    pack_linear_weights(layer)
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    layer(x).float().sum().backward()
+    plain(x).float().sum().backward()
+    assert torch.equal(layer.weight.grad, plain.weight.grad)
+    with torch.no_grad():
+        layer.weight.mul_(-2)  # an optimizer step: the packed copy of the old weight must not be read
+        plain.weight.mul_(-2)
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        torch.testing.assert_close(layer(x), plain(x), rtol=2**-8, atol=1e-2)
+
+
+def test_a_copied_or_pickled_model_packs_its_own_weights():
+    layer = _linear()
+    pack_linear_weights(layer)
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = layer(x)
+        for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            assert type(other) is PackedLinear and list(other.state_dict()) == ["weight", "bias"]
+            other.weight.mul_(0.5)  # its own weight, not the original's packed copy
+            torch.testing.assert_close(other(x), 0.5 * (expected - layer.bias) + layer.bias, rtol=2**-7, atol=2e-2)
+
+
+def test_only_bfloat16_cpu_linears_are_packed_and_other_inputs_take_the_plain_path():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).to(torch.bfloat16))
+    assert pack_linear_weights(model) == 1
+    assert type(model[0]) is torch.nn.Linear and type(model[1]) is PackedLinear
+    assert pack_linear_weights(model) == 0  # idempotent
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        model[1].float()  # now a float32 layer: the packed bfloat16 copy must not be read
+        assert torch.equal(model[1](x), torch.nn.functional.linear(x, model[1].weight, model[1].bias))
+
+
+def test_a_packed_tiny_model_decodes_as_the_plain_one():
+    """Logits of a prefill and of a batched decode step, packed against plain, on a tiny llama in bfloat16."""
+    plain = tiny_model("llama", seed=3).to(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    assert pack_linear_weights(packed) > 0
+    ids = torch.randint(0, 96, (4, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for model in (plain, packed):
+            model.logits = model(input_ids=ids).logits.float()
+    torch.testing.assert_close(packed.logits, plain.logits, rtol=0.05, atol=0.05)
+    agree = (packed.logits.argmax(-1) == plain.logits.argmax(-1)).float().mean().item()
+    assert agree > 0.95
+
+
+def test_load_model_packs_a_bfloat16_cpu_model_unless_turned_off(tiny_model_dir, monkeypatch):
+    from rift_ada.models import load_model
+    from rift_ada.packed_linear import packed_linear_count
+
+    model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")
+    assert packed_linear_count(model) == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    model, _ = load_model(str(tiny_model_dir), dtype="float32")
+    assert packed_linear_count(model) == 0
+    monkeypatch.setenv(PACKING_VARIABLE, "0")
+    model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")
+    assert packed_linear_count(model) == 0
