@@ -14,6 +14,7 @@ so the dependencies run one way: batch_cache -> cache -> attention.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -256,11 +257,26 @@ def batched_attention(
     return _attention_output(probs, value)
 
 
+@functools.cache
+def _cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon since Sapphire Rapids), which torch's CPU SDPA uses in bf16."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
 def _sdpa_is_slow(query: torch.Tensor) -> bool:
-    """One query per row in bf16 / fp16 on the CPU: torch's SDPA is 7-8x slower there than this module's
-    `_single_query_attention`; at 8-12 queries the two are within 0.85-1.2x, so those keep SDPA
-    (benchmarks/investigations/bf16_kernels.py). Other devices keep SDPA (fused kernels)."""
-    return query.shape[2] == 1 and query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
+    """One query per row in bf16 / fp16 on a CPU without AMX: there torch's SDPA was 7-8x slower than this module's
+    `_single_query_attention` (an AMD Zen 4 with avx512_bf16; at 8-12 queries the two are within 0.85-1.2x, so
+    those keep SDPA; benchmarks/investigations/bf16_kernels.py). With AMX (an Intel Xeon with amx_bf16) SDPA is
+    1.25-2.9x faster than `_single_query_attention` on a draft step's ring and a long masked full cache, at about
+    a quarter of its mean error (benchmarks/investigations/single_query_attention.py), so it keeps SDPA. Other
+    devices keep SDPA (fused kernels)."""
+    return (
+        query.shape[2] == 1
+        and query.device.type == "cpu"
+        and query.dtype in (torch.bfloat16, torch.float16)
+        and not _cpu_has_amx()
+    )
 
 
 def _single_query_attention(

@@ -1,6 +1,6 @@
 """Budgeted and batched attention in reduced precision (bf16 / fp16 single-query steps take
-`_single_query_attention` instead of torch's SDPA, several queries keep SDPA): against a float64
-dense-mask attention."""
+`_single_query_attention` instead of torch's SDPA on a CPU without AMX, several queries keep SDPA): against a
+float64 dense-mask attention. Both single-query paths are tested on every CPU (``single_query_path``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import rift_ada.attention as attention
 from rift_ada.attention import BatchPending, PendingAttention, batched_attention, budgeted_attention
 
 N_HEADS, N_KV, HEAD_DIM = 6, 2, 16
@@ -16,6 +17,16 @@ SCALING = HEAD_DIM**-0.5
 # a float32 softmax; bf16's single-query logits, the probabilities and the output are rounded to the dtype
 # (2^-8 relative for bf16, 2^-11 for fp16), so a few of its units in the last place on outputs of magnitude ~1
 TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(params=["own single-query path", "sdpa"])
+def single_query_path(request, monkeypatch):
+    """Which path a bf16 / fp16 single query takes, whatever this CPU would choose (`attention._cpu_has_amx`)."""
+    monkeypatch.setattr(attention, "_cpu_has_amx", lambda: request.param == "sdpa")
+    taken = []
+    own = attention._single_query_attention
+    monkeypatch.setattr(attention, "_single_query_attention", lambda *a: taken.append(1) or own(*a))
+    yield request.param, taken
 
 
 class _Layer:
@@ -71,12 +82,14 @@ def _tensors(batch: int, n_queries: int, width: int, dtype: torch.dtype, seed: i
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_queries", [1, 12])
-def test_reduced_precision_budgeted_attention_matches_dense_reference(dtype, n_queries):
+def test_reduced_precision_budgeted_attention_matches_dense_reference(dtype, n_queries, single_query_path):
     note = _note(first_position=40, n_new=n_queries, window=24, n_selected=10)
     width = note.n_selected + (note.first_position + n_queries - note.window_start)
     query, key, value = _tensors(3, n_queries, width, dtype, seed=n_queries)
     got = budgeted_attention(torch.nn.Module(), query, key, value, note, SCALING)
     assert got.dtype == dtype and got.shape == (3, n_queries, N_HEADS, HEAD_DIM)
+    path, taken = single_query_path
+    assert bool(taken) == (n_queries == 1 and path != "sdpa")
     visible = _visible(note, width)
     for row in range(3):
         reference = _dense(query[row], key[row], value[row], visible)
@@ -91,7 +104,7 @@ def test_reduced_precision_budgeted_attention_matches_dense_reference(dtype, n_q
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_new", [1, 4])
-def test_reduced_precision_batched_attention_matches_each_row_alone(dtype, n_new):
+def test_reduced_precision_batched_attention_matches_each_row_alone(dtype, n_new, single_query_path):
     # ragged working sets: each row must ignore the padded keys past its own
     notes = [_note(30, n_new, 16, 8), _note(52, min(2, n_new), 16, 0), _note(21, n_new, 12, 5)]
     counts = [note.n_new for note in notes]
@@ -101,6 +114,8 @@ def test_reduced_precision_batched_attention_matches_each_row_alone(dtype, n_new
     query, key, value = _tensors(3, n_new, width, dtype, seed=7)
     got = batched_attention(torch.nn.Module(), query, key, value, pending, SCALING)
     assert got.dtype == dtype
+    path, taken = single_query_path
+    assert bool(taken) == (n_new == 1 and path != "sdpa")
     for row, (note, count, size) in enumerate(zip(notes, counts, sizes, strict=True)):
         reference = _dense(query[row, :, :count], key[row, :, :size], value[row, :, :size], _visible(note, size))
         torch.testing.assert_close(got[row, :count].double(), reference, atol=TOLERANCE[dtype], rtol=0)

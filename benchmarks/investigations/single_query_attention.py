@@ -1,8 +1,9 @@
 """bf16 single-query attention: `rift_ada.attention._single_query_attention` (the logits GEMM in bf16
 on contiguous keys) against the float32-logits path it replaced (float32 upcasts of every key, as
 `_attention_probs` still computes for the scorers), on a draft step's ring and on target-generation
-steps over a long full cache (keys a strided slice of the stored KV, ragged rows masked); time
-(best of 20) and error against a float64 reference (SmolLM2-135M's heads: 9 query / 3 KV of 64).
+steps over a long full cache (keys a strided slice of the stored KV, ragged rows masked), and torch's SDPA
+(what a CPU with AMX takes, `rift_ada.attention._sdpa_is_slow`); time (best of 20) and error against a float64
+reference (SmolLM2-135M's heads: 9 query / 3 KV of 64).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/single_query_attention.py
 """
@@ -37,14 +38,18 @@ def path_functions(query, key, value, visible) -> dict:
     return {
         "float32 logits": lambda: _attention_output(_attention_probs(query, key, SCALING, visible, None), value),
         "bf16 logits": lambda: _single_query_attention(query, key, value, SCALING, visible),
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=None if visible is None else visible[:, 0], scale=SCALING, enable_gqa=True
+        ).transpose(1, 2),
     }
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    print("shape: float32-logits path ms, bf16-logits ms; error against float64, max / mean, for each")
+    print(f"AMX: {torch.cpu._is_amx_tile_supported()}")
+    print("shape: float32-logits path ms, bf16-logits ms, sdpa ms; error against float64, max / mean, for each")
     for name, (rows, keys, capacity, masked) in SHAPES.items():
-        errors: dict[str, list[torch.Tensor]] = {"float32 logits": [], "bf16 logits": []}
+        errors: dict[str, list[torch.Tensor]] = {"float32 logits": [], "bf16 logits": [], "sdpa": []}
         for draw in range(DRAWS):
             generator = torch.Generator().manual_seed(draw)
             query = (torch.randn(rows, 9, 1, 64, generator=generator) * 1.5).bfloat16()
@@ -66,7 +71,9 @@ def main() -> None:
             for path, errs in errors.items()
         ]
         ratio = times["float32 logits"] / times["bf16 logits"]
-        print(f"{name} ({rows} rows, {keys} keys): " + "; ".join(cells) + f"; speed-up {ratio:.2f}x")
+        sdpa = times["bf16 logits"] / times["sdpa"]
+        print(f"{name} ({rows} rows, {keys} keys): " + "; ".join(cells) + f"; bf16 logits {ratio:.2f}x float32's,"
+              f" sdpa {sdpa:.2f}x bf16 logits'")  # fmt: skip
 
 
 if __name__ == "__main__":
