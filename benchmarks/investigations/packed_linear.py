@@ -1,8 +1,8 @@
 """A Linear from a weight packed once for oneDNN (`rift_ada.packed_linear`) against ``F.linear``, on
 SmolLM2-135M's Linear shapes (hidden 576, MLP 1536, the 49152-row lm_head), in bfloat16 and float32, at a
 decode step's rows and a prefill's: the time of each (best of many), the speed-up, whether the outputs are
-equal bit for bit, and whether a row's output is the same computed alone (what a batch's identity with each
-request alone needs).
+equal bit for bit, and whether a row's output is the same computed alone, from the packed weight and from
+F.linear (what a batch's identity with each request alone needs: "rows mix" where it is not).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/packed_linear.py
 """
@@ -16,7 +16,7 @@ import torch
 from rift_ada.packed_linear import ROWS_HINT
 
 SHAPES = ((576, 1536), (1536, 576), (576, 576), (576, 49152))  # (in, out)
-ROWS = (1, 12, 32, 132, 448)
+ROWS = (1, 12, 32, 64, 132, 384, 448)
 
 
 def best(fn, tries: int) -> float:
@@ -50,7 +50,9 @@ def main() -> None:
                 speed_up = best(plain, tries) / best(from_packed, tries)
                 equal = torch.equal(from_packed(), plain())
                 row_alone = torch.equal(from_packed(x[-1:])[0], from_packed()[-1])
+                plain_row_alone = torch.equal(plain(x[-1:])[0], plain()[-1])
                 notes = ("" if equal else " (differs)") + ("" if row_alone else " (rows mix)")
+                notes += "" if plain_row_alone else " (F.linear's rows mix)"
                 cells.append(f"{rows}: {speed_up:.2f}x{notes}")
             name = str(dtype).removeprefix("torch.")
             print(f"{name} {fan_in} -> {fan_out}, rows " + ", ".join(cells), flush=True)
