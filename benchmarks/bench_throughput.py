@@ -320,7 +320,8 @@ def time_prefills(model: Any, prompts: list[list[int]]) -> list[float]:
 
 
 def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]]) -> dict:
-    """Self CPU time of one closed-loop round at batch b, grouped: GEMM, attention, cache ops, other ops, Python."""
+    """Self CPU time of one closed-loop round at batch b, grouped: GEMM (packed bf16 Linears included), attention, cache
+    ops, other ops, Python."""
     from torch.profiler import ProfilerActivity, profile
 
     import rift_ada.speculative as speculative
@@ -354,7 +355,7 @@ def profile_round(model: Any, job: dict[str, Any], prompts: list[list[int]], res
     finally:
         speculative._round = original
     groups = {"gemm": 0.0, "attention": 0.0, "cache ops": 0.0, "other ops": 0.0}
-    gemm = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")
+    gemm = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul", "mkldnn::_linear")
     attention = ("scaled_dot_product", "attention", "aten::_softmax", "aten::softmax", "aten::einsum")
     cache = ("copy", "cat", "index", "gather", "scatter", "slice", "select", "stack", "pad", "roll", "where",
              "masked_fill", "zeros", "empty", "fill", "clone", "expand", "tensor", "arange", "to", "item")  # fmt: skip
