@@ -12,7 +12,8 @@ rounding there, so only bfloat16 is packed.
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
 (training, ``load_state_dict``) is packed again at its next call; a call under autograd with a trainable
-weight, or with an input or weight on another device or of another dtype, goes through ``F.linear`` as before.
+weight, with an input or weight on another device or of another dtype, or under torch.compile goes through
+``F.linear`` as before.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class PackedLinear(torch.nn.Linear):
             or weight.dtype != torch.bfloat16
             or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and weight.requires_grad)
+            or torch.compiler.is_compiling()  # dynamo cannot trace oneDNN's packed tensor; inductor packs its own
         ):
             return torch.nn.functional.linear(input, weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(input, self._rift_packed.of(weight), self.bias, "none", [], "")

@@ -106,3 +106,13 @@ def test_load_model_packs_a_bfloat16_cpu_model_unless_turned_off(tiny_model_dir,
     monkeypatch.setenv(PACKING_VARIABLE, "0")
     model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")
     assert packed_linear_count(model) == 0
+
+
+def test_a_compiled_packed_linear_traces_the_plain_product():
+    """torch.compile cannot trace oneDNN's packed tensor: under compilation the layer is a plain F.linear."""
+    layer = _linear()
+    pack_linear_weights(layer)
+    x = torch.randn(4, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        compiled = torch.compile(layer, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), layer(x), rtol=2**-8, atol=1e-2)
