@@ -25,7 +25,7 @@ from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fai
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
-from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH, default_batch
 
 _DEFAULT_ARM_AGES = ",".join(map(str, DEFAULT_ARM_AGES))
 
@@ -54,10 +54,11 @@ DtypeOption = Annotated[
     typer.Option(help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). Recorded in the manifest."),
 ]
 BatchSizeOption = Annotated[
-    int,
+    int | None,
     typer.Option(
         min=1,
-        help="Requests decoded together (closed mode: request x policy runs, a finished run's slot going to the next).",
+        help="Requests decoded together (closed mode: request x policy runs, a finished run's slot going to the next)"
+        "; default 16 in float32, 32 in bfloat16 / float16 (half the KV bytes a row).",
     ),
 ]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
@@ -225,11 +226,12 @@ def targets(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --out file (never changes its rows).")
     ] = False,
-    batch_size: BatchSizeOption = TARGETS_BATCH,
+    batch_size: BatchSizeOption = None,
     dtype: DtypeOption = None,
 ) -> None:
     """Generate target responses (or import them) so collection can be teacher-forced on them."""
     preset = check_model(model)
+    batch_size = default_batch(TARGETS_BATCH, dtype, device) if batch_size is None else batch_size
     shard = _check_shard(shard)
     check_dataset(dataset)
     _check_input_file(import_file, "--import")
@@ -327,7 +329,7 @@ def collect(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
-    batch_size: BatchSizeOption = CLOSED_BATCH,
+    batch_size: BatchSizeOption = None,
     probe_batch_size: Annotated[
         int | None,
         typer.Option(
@@ -343,6 +345,7 @@ def collect(
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
     preset = check_model(model)
+    batch_size = default_batch(CLOSED_BATCH, dtype, device) if batch_size is None else batch_size
     shard = _check_shard(shard)
     ages = _check_arm_ages(arm_ages)
     check_dataset(dataset)

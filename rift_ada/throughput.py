@@ -13,6 +13,11 @@ prompts. Gemma3-270M (2026-12-03): the closed loop is flat from 16 to 64 rows an
 best at 16, peaking at 6.8 and 4.8 GiB at 16 rows with 2K-token prompts, so 16 is its optimum too.
 On a GPU the forwards stay memory-bound far longer; pass larger ``--batch-size`` /
 ``--probe-batch-size`` there (not measured here).
+
+In bfloat16 / float16 a row's KV histories take half float32's bytes, so `default_batch` doubles the
+closed loop's and the targets' rows there (32): the same memory as float32's 16. On an Intel Xeon with AMX
+(2026-12-05, docs/notes/2026-12-05-amx-packed-weights-sdpa.md) the bf16 closed loop read 47.2 tok/CPU-s at
+32 rows against 58.6 at 64, targets 141.1 against 154.9: 64 is faster still but holds twice the memory.
 """
 
 from __future__ import annotations
@@ -20,3 +25,12 @@ from __future__ import annotations
 CLOSED_BATCH = 16  # closed-loop (request x policy) runs, confirmation included
 TARGETS_BATCH = 16  # target responses generated together
 PROBE_BATCH = 1  # probed requests whose arms (and canonical passes) share each forward
+REDUCED_PRECISION_DTYPES = ("bfloat16", "float16")
+
+
+def default_batch(float32_rows: int, dtype: str | None, device: str = "cpu") -> int:
+    """A stage's default rows for a model loaded in ``dtype`` (None: the loader's default, float32 on the CPU and
+    bfloat16 elsewhere): ``float32_rows`` (`CLOSED_BATCH`, `TARGETS_BATCH`) in float32, twice as many in bfloat16 /
+    float16, whose rows hold half the KV bytes."""
+    resolved = dtype if dtype is not None else ("float32" if device == "cpu" else "bfloat16")
+    return float32_rows * 2 if resolved in REDUCED_PRECISION_DTYPES else float32_rows

@@ -69,3 +69,32 @@ def test_free_running_needs_closed_mode_and_bad_dtype_is_named(tiny_dir, tmp_pat
     assert result.exit_code == 2 and "'--free-running': applies to --mode closed only" in result.output
     result = CliRunner().invoke(app, ["targets", *common, "--dtype", "float8", "--out", str(tmp_path / "t.parquet")])
     assert result.exit_code == 2 and "'--dtype'" in result.output and "float8" in result.output
+
+
+def test_default_batch_doubles_in_reduced_precision():
+    from rift_ada.throughput import CLOSED_BATCH, default_batch
+
+    assert default_batch(CLOSED_BATCH, "float32") == CLOSED_BATCH == 16
+    assert default_batch(CLOSED_BATCH, None, "cpu") == 16  # the loader's CPU default is float32
+    assert default_batch(CLOSED_BATCH, "bfloat16") == default_batch(CLOSED_BATCH, "float16") == 32
+    assert default_batch(CLOSED_BATCH, None, "cuda") == 32  # and bfloat16 elsewhere
+
+
+@pytest.mark.parametrize(
+    ("dtype", "given", "expected"), [("float32", None, 16), ("bfloat16", None, 32), ("bfloat16", "5", 5)]
+)
+def test_targets_and_collect_take_the_dtype_s_default_batch(tiny_dir, tmp_path, monkeypatch, dtype, given, expected):
+    import rift_ada.collectors.pipeline as pipeline
+
+    seen = []
+
+    def ensure_targets(*args, batch_size, **kwargs):
+        seen.append(batch_size)
+        raise SystemExit(0)  # stop before any generation: only the batch the command chose matters
+
+    monkeypatch.setattr(pipeline, "ensure_targets", ensure_targets)
+    common = ["--model", str(tiny_dir), "--dataset", f"jsonl:{tiny_dir / 'prompts.jsonl'}", "--dtype", dtype]
+    common += [] if given is None else ["--batch-size", given]
+    CliRunner().invoke(app, ["targets", *common, "--out", str(tmp_path / "t.parquet")])
+    CliRunner().invoke(app, ["collect", *common, "--mode", "closed", "--policy", "stat", "--out", str(tmp_path / "c")])
+    assert seen == [expected, expected]
