@@ -3,11 +3,12 @@
 ``torch.nn.functional.linear`` in bfloat16 on the CPU hands oneDNN a plain (out, in) weight, which it
 re-lays into its blocked format at every call. At a decode step's few rows that re-layout costs as much
 as the product: on a CPU with AMX (Intel Xeon, ``amx_bf16``) SmolLM2-135M's MLP and attention products
-at 1-32 rows ran 1.7-2.3x faster from a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``,
-the packing torch.compile's CPU backend does when it freezes weights), 1.2-1.35x at a prefill's 384-448
-rows, with outputs equal bit for bit to ``F.linear``'s and each row independent of the others
-(benchmarks/investigations/packed_linear.py prints both). float32 gained nothing and changed the
-rounding there, so only bfloat16 is packed.
+at 1-32 rows ran 1.4-3.1x faster from a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``,
+the packing torch.compile's CPU backend does when it freezes weights), 1.03-1.3x at a prefill's 384-448
+rows, with outputs equal bit for bit to ``F.linear``'s (benchmarks/investigations/packed_linear.py). End
+to end that was 1.05x on the bf16 closed loop and the probe, and none on target generation, at +0.47 GiB
+of RSS for SmolLM2 (docs/notes/2026-12-05-amx-packed-weights-sdpa.md). float32 gained nothing and changed
+the rounding there, so only bfloat16 is packed.
 
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
