@@ -447,5 +447,5 @@ def load_model(
     if torch_dtype == torch.bfloat16 and device_map is None and torch.device(device).type == "cpu":
         from rift_ada.packed_linear import pack_linear_weights
 
-        pack_linear_weights(model)  # oneDNN's packed weights: 1.4-3.1x on a decode step's products, same outputs
+        pack_linear_weights(model)  # oneDNN's packed weights: 1.3-3.1x on a decode step's products, same outputs
     return model, tokenizer

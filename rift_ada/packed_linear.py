@@ -1,13 +1,14 @@
 """bfloat16 Linear layers on the CPU with their weights packed once for oneDNN, instead of at every call.
 
 ``torch.nn.functional.linear`` in bfloat16 on the CPU hands oneDNN a plain (out, in) weight, which it
-re-lays into its blocked format at every call. At a decode step's few rows that re-layout costs as much
-as the product: on a CPU with AMX (Intel Xeon, ``amx_bf16``) SmolLM2-135M's MLP and attention products
-at 1-32 rows ran 1.4-3.1x faster from a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``,
-the packing torch.compile's CPU backend does when it freezes weights), 1.03-1.3x at a prefill's 384-448
-rows, with outputs equal bit for bit to ``F.linear``'s (benchmarks/investigations/packed_linear.py). End
-to end that was 1.05x on the bf16 closed loop and the probe, and none on target generation, at +0.47 GiB
-of RSS for SmolLM2 (docs/notes/2026-12-05-amx-packed-weights-sdpa.md). float32 gained nothing and changed
+re-lays into its blocked format at every call. At a decode step's few rows that re-layout can cost as much
+as the product: on a CPU with AMX (Intel Xeon, ``amx_bf16``) SmolLM2-135M's MLP and attention products at
+1-32 rows ran 1.3-3.1x faster (over three runs) from a weight packed once
+(``torch.ops.mkldnn._reorder_linear_weight``, the packing torch.compile's CPU backend does when it freezes
+weights), 0.94-1.3x at a prefill's 384-448 rows, with outputs equal bit for bit to ``F.linear``'s
+(benchmarks/investigations/packed_linear.py). End to end that was 1.05x on the bf16 closed loop and the
+probe, and none on target generation, at +0.47 GiB of RSS for SmolLM2
+(docs/notes/2026-12-05-amx-packed-weights-sdpa.md). float32 gained nothing and changed
 the rounding there, so only bfloat16 is packed.
 
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
@@ -27,7 +28,7 @@ import torch
 __all__ = ["PACKING_VARIABLE", "PackedLinear", "packing_available", "pack_linear_weights", "packed_linear_count"]
 
 PACKING_VARIABLE = "RIFT_ADA_PACKED_LINEAR"  # "0" turns packing off (a comparison, a suspect kernel)
-ROWS_HINT = 32  # the rows oneDNN packs for: a decode batch's; measured exact and faster from 1 to 448 rows
+ROWS_HINT = 32  # the rows oneDNN packs for (a decode batch's); the outputs measured exact from 1 to 448 rows
 
 
 def packing_available() -> bool:

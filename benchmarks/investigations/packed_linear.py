@@ -9,9 +9,8 @@ F.linear (what a batch's identity with each request alone needs: "rows mix" wher
 
 from __future__ import annotations
 
-import time
-
 import torch
+from bf16_kernels import best_ms  # this folder
 
 from rift_ada.packed_linear import ROWS_HINT
 
@@ -19,18 +18,9 @@ SHAPES = ((576, 1536), (1536, 576), (576, 576), (576, 49152))  # (in, out)
 ROWS = (1, 12, 32, 64, 132, 384, 448)
 
 
-def best(fn, tries: int) -> float:
-    fn()
-    fastest = float("inf")
-    for _ in range(tries):
-        start = time.perf_counter()
-        fn()
-        fastest = min(fastest, time.perf_counter() - start)
-    return fastest
-
-
 def main() -> None:
     torch.set_num_threads(1)
+    torch.manual_seed(0)  # whether rows mix depends on the values, so the same ones every run
     print(f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, rows hint {ROWS_HINT}")
     for dtype in (torch.bfloat16, torch.float32):
         for fan_in, fan_out in SHAPES:
@@ -47,7 +37,7 @@ def main() -> None:
                 def from_packed(x=x, packed=packed):
                     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
-                speed_up = best(plain, tries) / best(from_packed, tries)
+                speed_up = best_ms(plain, tries) / best_ms(from_packed, tries)
                 equal = torch.equal(from_packed(), plain())
                 row_alone = torch.equal(from_packed(x[-1:])[0], from_packed()[-1])
                 plain_row_alone = torch.equal(plain(x[-1:])[0], plain()[-1])
