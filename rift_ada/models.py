@@ -37,6 +37,11 @@ TRAINED_DRAFT_FILE = "rift-ada-draft.json"  # next to a draft saved by `rift-ada
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def default_dtype(device: str) -> str:
+    """The dtype a model loads in when none is given: float32 on the CPU, bfloat16 on an accelerator."""
+    return "float32" if device == "cpu" else "bfloat16"
+
+
 class ModelError(ValueError):
     """A preset or model that cannot be resolved or loaded (says what to install or download)."""
 
@@ -431,7 +436,7 @@ def load_model(
 
     if dtype is not None and dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
+    torch_dtype = getattr(torch, dtype or default_dtype(device))
     if embedded_model(model_id) is not None:
         model_id = str(converted_model_dir(model_id))
     offline = not Path(model_id).exists()

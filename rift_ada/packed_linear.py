@@ -35,16 +35,9 @@ def packing_available() -> bool:
     """oneDNN with bfloat16 support in this torch build, and packing not turned off by the environment."""
     if os.environ.get(PACKING_VARIABLE, "1") == "0":
         return False
-    mkldnn = getattr(torch.ops, "mkldnn", None)
     try:
-        return bool(
-            torch.backends.mkldnn.is_available()
-            and mkldnn is not None
-            and hasattr(mkldnn, "_reorder_linear_weight")
-            and hasattr(mkldnn, "_linear_pointwise")
-            and mkldnn._is_mkldnn_bf16_supported()
-        )
-    except (AttributeError, RuntimeError):
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):  # a build without these ops
         return False
 
 

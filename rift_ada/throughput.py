@@ -24,6 +24,8 @@ default, on a 24 GiB machine.
 
 from __future__ import annotations
 
+from rift_ada.models import default_dtype
+
 CLOSED_BATCH = 16  # closed-loop (request x policy) runs, confirmation included
 TARGETS_BATCH = 16  # target responses generated together
 PROBE_BATCH = 1  # probed requests whose arms (and canonical passes) share each forward
@@ -31,8 +33,8 @@ REDUCED_PRECISION_DTYPES = ("bfloat16", "float16")
 
 
 def default_batch(float32_rows: int, dtype: str | None, device: str = "cpu") -> int:
-    """A stage's default rows for a model loaded in ``dtype`` (None: the loader's default, float32 on the CPU and
-    bfloat16 elsewhere): ``float32_rows`` (`CLOSED_BATCH`, `TARGETS_BATCH`) in float32, twice as many in bfloat16 /
-    float16, whose rows hold half the KV bytes."""
-    resolved = dtype if dtype is not None else ("float32" if device == "cpu" else "bfloat16")
+    """A stage's default rows for a model loaded in ``dtype`` (None: the loader's `default_dtype` for ``device``):
+    ``float32_rows`` (`CLOSED_BATCH`, `TARGETS_BATCH`) in float32, twice as many in bfloat16 / float16, whose rows
+    hold half the KV bytes."""
+    resolved = dtype if dtype is not None else default_dtype(device)
     return float32_rows * 2 if resolved in REDUCED_PRECISION_DTYPES else float32_rows

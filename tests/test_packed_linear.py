@@ -82,7 +82,7 @@ def test_only_bfloat16_cpu_linears_are_packed_and_other_inputs_take_the_plain_pa
 
 
 def test_a_packed_tiny_model_decodes_as_the_plain_one():
-    """Logits of a prefill and of a batched decode step, packed against plain, on a tiny llama in bfloat16."""
+    """Logits of a batch of 4 prompts, packed against plain, on a tiny llama in bfloat16."""
     plain = tiny_model("llama", seed=3).to(torch.bfloat16)
     packed = copy.deepcopy(plain)
     assert pack_linear_weights(packed) > 0
