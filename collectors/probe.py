@@ -37,7 +37,7 @@ from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
 from rift_ada.probe_arms import arm_working_sets, expand_arms
-from rift_ada.speculative import acceptance_given_token
+from rift_ada.speculative import acceptance_given_token, entropy_and_probs, greedy_tokens
 
 
 class ProbeError(ValueError):
@@ -67,12 +67,6 @@ def _cosine_drift(now: list[torch.Tensor], reference: list[torch.Tensor]) -> flo
         for a, b in zip(now, reference, strict=True)
     ]
     return float(1.0 - torch.stack(values).mean())
-
-
-def _entropy_and_probs(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    log_probs = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
-    probs = log_probs.exp()
-    return -(probs * log_probs).sum(-1), probs
 
 
 def _forward(
@@ -235,7 +229,7 @@ class _RequestProbe:
 
         n_arms = len(self.arms)
         all_logits = torch.cat([arm_logits, full_logits], 0)  # (A, n_new, vocab)
-        arm_entropy, arm_probs = _entropy_and_probs(all_logits, temperature)
+        arm_entropy, arm_probs = entropy_and_probs(all_logits, temperature)
         expected = torch.tensor(self.response_ids[first : first + n_new], device=self.device)
         if temperature > 0:
             target_probs = torch.softmax(target_logits.float() / temperature, -1)
@@ -246,7 +240,7 @@ class _RequestProbe:
             given_token = acceptance_given_token(draft_at_token, target_at_token[None])
             self.token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
         else:
-            values = (all_logits.argmax(-1) == expected[None]).float()
+            values = (greedy_tokens(all_logits) == expected[None]).float()
         self.outcome[:, first : first + n_new] = values.cpu().numpy()
         self.entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
         self.retained_mass[: self.compressed, stride] = mass.cpu().numpy()

@@ -29,6 +29,7 @@ from rift_ada.speculative import (
     RoundRecord,
     SpeculativeResult,
     forward_tokens,
+    greedy_tokens,
     speculative_generate_batch,
     token_entropy,
 )
@@ -163,7 +164,7 @@ class EngineDraft:
             logits = forward_tokens(self.draft_model, feed, state.cache, position)[-1]
             position += len(feed)
             entropies.append(float(token_entropy(logits, 0.0)))
-            token = int(logits.argmax())
+            token = int(greedy_tokens(logits))
             drafted.append(token)
             feed = [token]
         state.drafted, state.entropies = drafted, entropies

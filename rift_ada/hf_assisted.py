@@ -36,7 +36,7 @@ from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedCache, make_draft_cache
 from rift_ada.controller import Controller
 from rift_ada.hooks import ControllerRefresh
-from rift_ada.speculative import RoundRecord, forward_tokens, token_entropy
+from rift_ada.speculative import RoundRecord, forward_tokens, greedy_tokens, token_entropy
 
 __all__ = ["RiftCandidateGenerator", "rift_assisted_decoding", "rift_generate"]
 
@@ -115,7 +115,7 @@ class RiftCandidateGenerator(CandidateGenerator):
                 logits_out.append(scaled)
                 token = int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=self.generator))
             else:
-                token = int(logits.argmax())
+                token = int(greedy_tokens(logits))
             drafted.append(token)
             feed = [token]
         self._drafted, self._entropies = drafted, entropies

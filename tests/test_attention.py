@@ -119,3 +119,48 @@ def test_reduced_precision_batched_attention_matches_each_row_alone(dtype, n_new
     for row, (note, count, size) in enumerate(zip(notes, counts, sizes, strict=True)):
         reference = _dense(query[row, :, :count], key[row, :, :size], value[row, :, :size], _visible(note, size))
         torch.testing.assert_close(got[row, :count].double(), reference, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_head_validity", [False, True])
+def test_sdpa_mask_gives_sdpa_the_boolean_masks_result_bit_for_bit(dtype, per_head_validity):
+    # a verification-like forward: 4 queries per row over ragged working sets; with per_head_validity, row 0's
+    # selection has padded slots that differ between KV heads (a probe's per-head selections)
+    notes = [_note(30, 4, 16, 8), _note(52, 2, 16, 0), _note(21, 4, 12, 5)]
+    valid = torch.ones(1, N_KV, 8, dtype=torch.bool)
+    valid[0, 1, 5:] = False
+    if per_head_validity:
+        notes[0].selection_valid = valid
+    counts = [note.n_new for note in notes]
+    sizes = [note.n_selected + (note.first_position + note.n_new - note.window_start) for note in notes]
+    width = max(sizes)
+    pending = BatchPending(_Layer(), notes, counts, sizes, n_new=4)
+    mask = attention.batch_mask(pending, N_KV, torch.device("cpu"))
+    assert mask.shape == (3, N_KV if per_head_validity else 1, 4, width)
+    group = N_HEADS // N_KV
+    additive = attention.sdpa_mask(mask, group, dtype)
+    assert additive.dtype == dtype
+    assert attention.sdpa_mask(mask, group, dtype) is additive  # made once for the layers of a forward
+    every_head = mask[:, :, None].expand(-1, N_KV, group, -1, -1).reshape(3, N_HEADS, 4, width)  # as main did
+    assert torch.equal(additive == 0, every_head if per_head_validity else mask)
+    assert bool((additive[~(additive == 0)] == -math.inf).all())
+    query, key, value = _tensors(3, 4, width, dtype, seed=11)
+
+    def sdpa(attn_mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, scale=SCALING, enable_gqa=True
+        )
+
+    assert torch.equal(sdpa(additive), sdpa(every_head))
+    got = batched_attention(torch.nn.Module(), query, key, value, pending, SCALING)
+    assert torch.equal(got, sdpa(additive).transpose(1, 2))
+    for row, (note, count, size) in enumerate(zip(notes, counts, sizes, strict=True)):  # against a dense reference
+        for head in range(N_HEADS):
+            visible = _visible(note, size)
+            if note.selection_valid is not None:
+                visible[:, : note.n_selected] &= note.selection_valid[0, head // group]
+            q, k, v = (t.double() for t in (query[row, head, :count], key[row, head // group, :size],
+                                            value[row, head // group, :size]))  # fmt: skip
+            reference = torch.softmax((q @ k.T * SCALING).masked_fill(~visible, -math.inf), -1) @ v
+            tolerance = 1e-5 if dtype == torch.float32 else TOLERANCE[dtype]
+            torch.testing.assert_close(got[row, :count, head].double(), reference, atol=tolerance, rtol=0)

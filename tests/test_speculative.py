@@ -11,7 +11,7 @@ from tiny_models import VOCAB, tiny_model
 from transformers import DynamicCache
 
 from rift_ada.budget import POLICY_NAMES, make_policy
-from rift_ada.speculative import PeriodicRefresh, speculative_generate
+from rift_ada.speculative import PeriodicRefresh, entropy_and_probs, greedy_tokens, speculative_generate, token_entropy
 
 
 def _greedy(model, prompt, n_tokens):
@@ -193,3 +193,30 @@ def test_t1_given_its_token_a_draft_is_accepted_with_probability_min_1_q_over_p(
     unlikely = [t for t in trials if t[3] < 0.5]
     accepted, by_alpha, sd_alpha = _count_test(unlikely, 2)
     assert by_alpha - accepted > 4 * sd_alpha, (accepted, by_alpha)  # sum min(p, q) is no model of these
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_is_argmax_ties_included(dtype):
+    generator = torch.Generator().manual_seed(3)
+    for shape in [(VOCAB,), (5, VOCAB), (3, 4, 2000)]:
+        logits = torch.randn(*shape, generator=generator).to(dtype)
+        flat = logits.view(-1, shape[-1])
+        top = flat.max(-1).values
+        flat[::2, 1], flat[::2, -2] = top[::2] + 1, top[::2] + 1  # a tie for the first place: the first index wins
+        assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+        assert bool((greedy_tokens(logits).view(-1)[::2] == 1).all())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
+def test_entropy_and_probs_against_a_float64_computation(temperature):
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5)) * 3
+    scaled = logits.double() / (temperature if temperature > 0 else 1.0)
+    probs = torch.softmax(scaled, -1)
+    entropy = -(probs * torch.log(probs)).sum(-1)
+    got_entropy, got_probs = entropy_and_probs(logits, temperature)
+    assert got_entropy.dtype == got_probs.dtype == torch.float32
+    torch.testing.assert_close(got_entropy.double(), entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_probs.double(), probs, atol=1e-6, rtol=0)
+    assert torch.equal(token_entropy(logits, temperature), got_entropy)
+    low = logits.bfloat16()  # upcast exactly first
+    assert torch.equal(token_entropy(low, temperature), entropy_and_probs(low.float(), temperature)[0])

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rift_ada.batch_cache import BatchedCache
-from rift_ada.speculative import FULL_POLICY, forward_rows, row_cache
+from rift_ada.speculative import FULL_POLICY, forward_rows, greedy_tokens, row_cache
 
 
 @torch.no_grad()
@@ -73,7 +73,7 @@ def _next_token(
     if temperature > 0:
         probs = torch.softmax(logits / temperature, -1).cpu()
         return int(torch.multinomial(probs, 1, generator=generator))
-    return int(logits.argmax())
+    return int(greedy_tokens(logits))
 
 
 @torch.no_grad()
