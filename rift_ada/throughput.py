@@ -1,11 +1,11 @@
 """Default batch sizes of the long stages: how many requests decode together (standard library only).
 
-Measured on CPU with ``benchmarks/bench_throughput.py`` (docs/performance.md, "Throughput"): the
+Measured on CPU with ``benchmarks/bench_throughput.py`` (docs/notes/2026-12-05-throughput-history.md): the
 closed loop and target generation gain up to 16 rows per forward. The probe already runs every arm
 of a request as rows of one forward, and stacking requests gave no steady gain on CPU (4 requests
 below 1, 8 above it, within the machine's noise), while each request holds every arm's KV history
 (about 0.85 GB for a 2K-token prompt and 256 output tokens on SmolLM2-135M, fp32): it stays at 1.
-Re-measured up to 64 rows on 2026-12-02 (docs/performance.md's current figures): the closed loop's
+Re-measured up to 64 rows on 2026-12-02 (the same note): the closed loop's
 decode rate peaks at 32 rows (1.15x 16 rows) and the targets' at 64 (2.1x 16 rows), but memory grows
 with the rows: with 2K-token prompts the closed loop already peaks at 6.2 GiB at 16 rows and the probe
 at 11 GiB at 16 requests, so on a 24 GiB machine the defaults stay where memory is bounded for 2K
