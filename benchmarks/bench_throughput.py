@@ -12,6 +12,9 @@ library function a collection calls, in a worker process that loaded the model o
 - ``targets``: `generate_responses` of b prompts (greedy, EOS suppressed), tokens = output tokens;
 - ``closed``: `speculative_generate_batch(max_batch=b)` of b teacher-forced runs (rift-stat budget B,
   periodic refresh every 32 tokens, K = 11, T = 0, KV self-speculation), tokens = committed tokens;
+  ``--closed-requests N`` runs N of them instead (request i the i mod b-th's prompt and response), so
+  that finished runs hand their slot on (continuous batching) as in an evidence run's closed loop, where
+  the batch stays full until the last b runs;
 - ``probe``: `probe_requests(batch_size=b)` of b requests (default arms, stride 8), tokens = positions.
 
 The forced responses are generated once (the first worker, greedy) and shared by every worker.
@@ -266,6 +269,9 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
 
     stage, batch, budget, tokens = job["stage"], job["batch"], job["budget"], job["tokens"]
     chosen = prompts[:batch]
+    if stage == "closed" and job.get("requests"):  # continuous batching: more runs than slots
+        chosen = [chosen[i % batch] for i in range(job["requests"])]
+        responses = [responses[i % batch] for i in range(job["requests"])]
     eos = job.get("eos")
     policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
     out: dict[str, Any] = {"stage": stage, "batch": batch}
@@ -510,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
     parser.add_argument("--profile", type=int, default=0, help="profile one closed-loop round at this batch")
     parser.add_argument("--json", help="write every cell's figures here")
+    parser.add_argument(
+        "--closed-requests", type=int, default=0,
+        help="closed-loop runs per cell (default: its batch); more run with continuous batching",
+    )  # fmt: skip
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -568,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batches:
             job = {"stage": stage, "batch": batch, "budget": args.budget,
                    "tokens": args.probe_tokens if stage == "probe" else args.tokens}  # fmt: skip
+            if stage == "closed" and args.closed_requests:
+                job["requests"] = max(args.closed_requests, batch)
             need = cell_memory(stage, batch, costs, args.isl, job["tokens"], probe_arms_for(job["tokens"]))
             free = available_bytes()
             if need > 0.9 * free:  # the kernel would kill the worker (or the machine's other jobs) part way
@@ -636,7 +648,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seconds = statistics.median(c[clock] for c in mine)
                 tok = mine[0]["tokens"]
-                decode_s = max(1e-9, seconds - prefills[batch])
+                runs = (args.closed_requests or batch) if stage == "closed" else batch
+                prefill_s = prefills[batch] * (max(runs, batch) / batch)  # the b prompts, cycled over the runs
+                decode_s = max(1e-9, seconds - prefill_s)
                 floor = stage_floor(mine[0], code_costs[name], bandwidth, gemm[name], args.budget)
                 rate, decode = tok / seconds, tok / decode_s
                 row = {
