@@ -399,7 +399,6 @@ def load_tokenizer(model_id: str) -> Any:
         raise _not_found(model_id, error) from error
 
 
-
 def save_tiny_random_llama(folder: str | os.PathLike[str]) -> Path:
     """A 2-layer random Llama (hidden 32, seed 0) with the embedded SmolLM2 tokenizer, saved as a model folder.
 
@@ -428,8 +427,9 @@ def load_model(
     An embedded GGUF is de-quantised once and kept as a checkpoint under ``$RIFT_ADA_CACHE``
     (default ``~/.cache/rift-ada``) so later loads take seconds. ``device_map`` (e.g. ``"auto"``)
     is passed to ``from_pretrained`` so a model larger than one GPU is spread over several (this
-    needs the ``accelerate`` package); ``device`` is then ignored. A bfloat16 model on the CPU gets its
-    Linear weights packed once for oneDNN (`rift_ada.packed_linear`; ``RIFT_ADA_PACKED_LINEAR=0`` keeps them plain).
+    needs the ``accelerate`` package); ``device`` is then ignored. On the CPU, a bfloat16 model's Linear
+    weights are packed once for oneDNN and a float32 model's for MKL at its frequent batch sizes
+    (`rift_ada.packed_linear`; ``RIFT_ADA_PACKED_LINEAR=0`` keeps them plain).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -449,8 +449,8 @@ def load_model(
     if device_map is None:
         model.to(device)
     model.eval()
-    if torch_dtype == torch.bfloat16 and device_map is None and torch.device(device).type == "cpu":
+    if torch_dtype in (torch.bfloat16, torch.float32) and device_map is None and torch.device(device).type == "cpu":
         from rift_ada.packed_linear import pack_linear_weights
 
-        pack_linear_weights(model)  # oneDNN's packed weights: 1.3-3.1x on a decode step's products, same outputs
+        pack_linear_weights(model)  # oneDNN's (bf16) and MKL's (float32) packed weights: faster products, same outputs
     return model, tokenizer

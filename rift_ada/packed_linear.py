@@ -1,4 +1,4 @@
-"""bfloat16 Linear layers on the CPU with their weights packed once for oneDNN, instead of at every call.
+"""CPU Linear layers reading packed weights: bfloat16 packed once for oneDNN, float32 packed for MKL per row count.
 
 ``torch.nn.functional.linear`` in bfloat16 on the CPU hands oneDNN a plain (out, in) weight, which it
 re-lays into its blocked format at every call. At a decode step's few rows that re-layout can cost as much
@@ -8,8 +8,19 @@ as the product: on a CPU with AMX (Intel Xeon, ``amx_bf16``) SmolLM2-135M's MLP 
 weights), 0.94-1.3x at a prefill's 384-448 rows, with outputs equal bit for bit to ``F.linear``'s
 (benchmarks/investigations/packed_linear.py). End to end that was 1.05x on the bf16 closed loop and the
 probe, and none on target generation, at +0.47 GiB of RSS for SmolLM2
-(docs/notes/2026-12-05-amx-packed-weights-sdpa.md). float32 gained nothing and changed
-the rounding there, so only bfloat16 is packed.
+(docs/notes/2026-12-05-amx-packed-weights-sdpa.md). oneDNN's float32 packing gained nothing and changed
+the rounding there.
+
+float32 goes to MKL instead (``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``, what
+torch.compile's CPU backend uses for frozen float32 weights). An MKL-packed weight serves one row count
+(the batch size it was packed for; other row counts take ``F.linear``), so a float32 Linear packs lazily:
+a row count of at least `MKL_MIN_ROWS` is packed at its `MKL_PACK_AFTER`-th call, and the `MKL_ROW_COUNTS`
+most recently used row counts stay packed (a closed loop's draft steps and its verifications). On an Intel
+Xeon with AMX, over SmolLM2-135M's 513 MiB of weights streamed from memory, the products ran 1.45x faster
+at 16 rows, 1.35x at 32, 1.16x at 192, with outputs equal bit for bit to ``F.linear``'s at every row count
+from 16 to 449 on SmolLM2's and Gemma3's shapes (below 16 MKL's packed kernel rounds differently, so those
+stay plain); each packed row count holds about the weights' size again in memory
+(docs/notes/2026-12-06-float32-mkl-packing.md).
 
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
@@ -25,10 +36,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["PACKING_VARIABLE", "PackedLinear", "packing_available", "pack_linear_weights", "packed_linear_count"]
+__all__ = [
+    "PACKING_VARIABLE",
+    "PackedLinear",
+    "mkl_packing_available",
+    "packing_available",
+    "pack_linear_weights",
+    "packed_linear_count",
+]
 
 PACKING_VARIABLE = "RIFT_ADA_PACKED_LINEAR"  # "0" turns packing off (a comparison, a suspect kernel)
 ROWS_HINT = 32  # the rows oneDNN packs for (a decode batch's); the outputs measured exact from 1 to 448 rows
+MKL_MIN_ROWS = 16  # below it MKL's packed float32 product rounds differently from F.linear's
+MKL_PACK_AFTER = 8  # calls at a row count before it is packed: a one-off shape is not worth a copy
+MKL_ROW_COUNTS = 2  # row counts kept packed per weight (each holds the weight's size again)
 
 
 def packing_available() -> bool:
@@ -39,6 +60,13 @@ def packing_available() -> bool:
         return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     except (AttributeError, RuntimeError):  # a build without these ops
         return False
+
+
+def mkl_packing_available() -> bool:
+    """MKL's packed float32 Linear in this torch build, and packing not turned off by the environment."""
+    if os.environ.get(PACKING_VARIABLE, "1") == "0":
+        return False
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
 class _PackedWeight:
@@ -68,41 +96,94 @@ class _PackedWeight:
         self.__init__()
 
 
-class PackedLinear(torch.nn.Linear):
-    """A bfloat16 CPU Linear that reads its weight packed for oneDNN (`pack_linear_weights` makes them)."""
+class _MklPackedWeights:
+    """A float32 weight's MKL-packed copies, one per row count (`MKL_ROW_COUNTS` at most, the most recently
+    used kept), and which weight they were packed from. Copies and pickles start empty, as `_PackedWeight`."""
 
-    _rift_packed: _PackedWeight
+    def __init__(self) -> None:
+        self.packed: dict[int, torch.Tensor] = {}  # row count -> packed weight, least recently used first
+        self.calls: dict[int, int] = {}  # unpacked row count -> calls so far
+        self.source: tuple[int, int] = (0, -1)
+
+    def for_rows(self, weight: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """The weight packed for ``rows`` rows, packing it now if this row count has earned it; else None."""
+        if rows < MKL_MIN_ROWS:
+            return None
+        source = (weight.data_ptr(), weight._version)
+        if source != self.source:  # a rewritten weight: every packed copy is stale
+            self.packed.clear()
+            self.calls.clear()
+            self.source = source
+        packed = self.packed.pop(rows, None)
+        if packed is None:
+            self.calls[rows] = self.calls.get(rows, 0) + 1
+            if self.calls[rows] < MKL_PACK_AFTER:
+                return None
+            del self.calls[rows]
+            if len(self.packed) >= MKL_ROW_COUNTS:
+                del self.packed[next(iter(self.packed))]
+            with torch.no_grad():
+                packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+        self.packed[rows] = packed  # now the most recently used
+        return packed
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _MklPackedWeights:
+        return _MklPackedWeights()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+
+class PackedLinear(torch.nn.Linear):
+    """A CPU Linear that reads its weight packed: for oneDNN in bfloat16, for MKL at its frequent row counts
+    in float32 (`pack_linear_weights` makes them)."""
+
+    _rift_packed: _PackedWeight | _MklPackedWeights
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if (
-            input.dtype != torch.bfloat16
+            input.dtype != weight.dtype
             or input.device.type != "cpu"
-            or weight.dtype != torch.bfloat16
             or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and weight.requires_grad)
-            or torch.compiler.is_compiling()  # dynamo cannot trace oneDNN's packed tensor; inductor packs its own
+            or torch.compiler.is_compiling()  # dynamo cannot trace a packed tensor; inductor packs its own
         ):
             return torch.nn.functional.linear(input, weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(input, self._rift_packed.of(weight), self.bias, "none", [], "")
+        packing = self._rift_packed
+        if weight.dtype == torch.bfloat16 and isinstance(packing, _PackedWeight):
+            return torch.ops.mkldnn._linear_pointwise(input, packing.of(weight), self.bias, "none", [], "")
+        if weight.dtype == torch.float32 and isinstance(packing, _MklPackedWeights):
+            rows = input.numel() // weight.shape[1]
+            packed = packing.for_rows(weight, rows)
+            if packed is not None:
+                return torch.ops.mkl._mkl_linear(input, packed, weight, self.bias, rows)
+        return torch.nn.functional.linear(input, weight, self.bias)
 
 
 def pack_linear_weights(model: torch.nn.Module) -> int:
-    """Pack every bfloat16 CPU Linear of ``model`` for oneDNN (see the module docstring); returns how many.
+    """Make every bfloat16 or float32 CPU Linear of ``model`` a `PackedLinear` (see the module docstring);
+    returns how many. bfloat16 weights are packed for oneDNN now, float32 ones for MKL at their first
+    frequent row counts.
 
-    A no-op (0) where `packing_available` is False; idempotent. A tied weight (an lm_head that is the
-    embedding) is packed as its own copy: the embedding's size again in memory."""
-    if not packing_available():
-        return 0
+    bfloat16 needs `packing_available`, float32 `mkl_packing_available`; idempotent. A tied weight (an
+    lm_head that is the embedding) is packed as its own copy: the embedding's size again in memory."""
+    kinds = {torch.bfloat16: packing_available(), torch.float32: mkl_packing_available()}
     packed = 0
     for module in model.modules():
         if type(module) is not torch.nn.Linear:
             continue
         weight = module.weight
-        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+        if not kinds.get(weight.dtype, False) or weight.device.type != "cpu":
             continue
-        module._rift_packed = _PackedWeight()
-        module._rift_packed.of(weight)
+        if weight.dtype == torch.bfloat16:
+            module._rift_packed = _PackedWeight()
+            module._rift_packed.of(weight)
+        else:
+            module._rift_packed = _MklPackedWeights()
         module.__class__ = PackedLinear
         packed += 1
     return packed

@@ -70,8 +70,8 @@ def test_a_copied_or_pickled_model_packs_its_own_weights():
             torch.testing.assert_close(other(x), 0.5 * (expected - layer.bias) + layer.bias, rtol=2**-7, atol=2e-2)
 
 
-def test_only_bfloat16_cpu_linears_are_packed_and_other_inputs_take_the_plain_path():
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).to(torch.bfloat16))
+def test_float16_linears_are_not_packed_and_other_inputs_take_the_plain_path():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8).half(), torch.nn.Linear(8, 8).to(torch.bfloat16))
     assert pack_linear_weights(model) == 1
     assert type(model[0]) is torch.nn.Linear and type(model[1]) is PackedLinear
     assert pack_linear_weights(model) == 0  # idempotent
@@ -101,7 +101,7 @@ def test_load_model_packs_a_bfloat16_cpu_model_unless_turned_off(tiny_model_dir,
 
     model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")
     assert packed_linear_count(model) == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    model, _ = load_model(str(tiny_model_dir), dtype="float32")
+    model, _ = load_model(str(tiny_model_dir), dtype="float16")
     assert packed_linear_count(model) == 0
     monkeypatch.setenv(PACKING_VARIABLE, "0")
     model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")

@@ -36,7 +36,17 @@ import bench_throughput as bench  # noqa: E402
 import rift_ada.speculative as speculative  # noqa: E402
 from rift_ada.memory import cap_heap_growth  # noqa: E402
 
-PRODUCTS = ("mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise", "scaled_dot_product", "_scaled_dot_product")
+PRODUCTS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "matmul",
+    "linear",
+    "_linear_pointwise",
+    "_mkl_linear",
+    "scaled_dot_product",
+    "_scaled_dot_product",
+)
 
 
 class Recorder(TorchDispatchMode):
