@@ -19,7 +19,9 @@ closed loop's and the targets' rows there (32): the same memory as float32's 16.
 (2026-12-05, docs/notes/2026-12-05-amx-packed-weights-sdpa.md) the bf16 closed loop read 47.2 tok/CPU-s at
 32 rows against 58.6 at 64, targets 141.1 against 154.9; with 2K-token prompts the bf16 closed loop peaks at
 9.24 GiB at 32 rows (float32's at 16: 8.96 GiB, on the Zen 4) and 17.53 GiB at 64, so 64 stays an option, not the
-default, on a 24 GiB machine.
+default, on a 24 GiB machine. Since float32 Linears read MKL-packed weights (`rift_ada.packed_linear`, two row counts
+kept), float32's 16 rows peak at 9.89 GiB in the closed loop with 2K-token prompts
+(docs/notes/2026-12-06-float32-mkl-packing.md).
 """
 
 from __future__ import annotations
