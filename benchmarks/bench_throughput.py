@@ -258,6 +258,17 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     return load_model(PRESETS[args.preset].draft, device="cpu", dtype=args.dtype)
 
 
+def closed_cell_inputs(dtype: str, batch: int, tokens: int, preset: str = "smollm2-135m") -> tuple[Any, ...]:
+    """(model, prompts, job, responses) of a closed-loop cell as this bench makes it (ragged ISL 328-448 prompts,
+    their greedy responses of ``tokens`` tokens, budget 128), for the investigations that time inside one."""
+    setup = argparse.Namespace(quick=False, preset=preset, dtype=dtype, isl=448, seed=0)
+    model, tokenizer = load(setup)
+    prompts = make_prompts(setup, tokenizer, batch)
+    job = {"batch": batch, "budget": 128, "tokens": tokens}
+    responses = run_cell(model, {**job, "stage": "targets", "eos": tokenizer.eos_token_id}, prompts, None)
+    return model, prompts, job, responses
+
+
 # ---- the worker: one model, cells on request -------------------------------------------------------
 def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], responses: list[list[int]] | None):
     from rift_ada.budget import make_policy
@@ -293,6 +304,7 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         result = speculative_generate_batch(model, requests, draft_length=DRAFT_LENGTH, max_batch=batch)
         out["tokens"] = sum(len(r.tokens) for r in result)
         out["rounds"] = sum(len(r.rounds) for r in result)
+        out["runs"] = len(requests)
         out["result"] = [[r.tokens, [x.accepted for x in r.rounds], r.refreshes] for r in result]
     else:
         from rift_ada.collectors.probe import probe_requests
@@ -648,8 +660,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seconds = statistics.median(c[clock] for c in mine)
                 tok = mine[0]["tokens"]
-                runs = (args.closed_requests or batch) if stage == "closed" else batch
-                prefill_s = prefills[batch] * (max(runs, batch) / batch)  # the b prompts, cycled over the runs
+                prefill_s = prefills[batch] * mine[0].get("runs", batch) / batch  # the b prompts, cycled over the runs
                 decode_s = max(1e-9, seconds - prefill_s)
                 floor = stage_floor(mine[0], code_costs[name], bandwidth, gemm[name], args.budget)
                 rate, decode = tok / seconds, tok / decode_s

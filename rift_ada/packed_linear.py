@@ -52,9 +52,13 @@ MKL_PACK_AFTER = 8  # calls at a row count before it is packed: a one-off shape 
 MKL_ROW_COUNTS = 2  # row counts kept packed per weight (each holds the weight's size again)
 
 
+def _turned_off() -> bool:
+    return os.environ.get(PACKING_VARIABLE, "1") == "0"
+
+
 def packing_available() -> bool:
     """oneDNN with bfloat16 support in this torch build, and packing not turned off by the environment."""
-    if os.environ.get(PACKING_VARIABLE, "1") == "0":
+    if _turned_off():
         return False
     try:
         return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -64,15 +68,26 @@ def packing_available() -> bool:
 
 def mkl_packing_available() -> bool:
     """MKL's packed float32 Linear in this torch build, and packing not turned off by the environment."""
-    if os.environ.get(PACKING_VARIABLE, "1") == "0":
-        return False
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    return not _turned_off() and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-class _PackedWeight:
-    """A Linear's packed weight and which weight it was packed from (its storage and in-place version). A copy
-    (``copy.deepcopy`` of the model) starts unpacked and packs its own weight at its first call: oneDNN's
-    packed tensors have no storage to copy."""
+class _FreshWhenCopied:
+    """Packed copies that a deep copy or a pickle of the model does not carry: the copy starts empty and packs
+    its own weight (oneDNN's packed tensors have no storage to copy)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _FreshWhenCopied:
+        return type(self)()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+
+class _PackedWeight(_FreshWhenCopied):
+    """A bfloat16 Linear's oneDNN-packed weight and which weight it was packed from (its storage and in-place
+    version)."""
 
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None
@@ -86,19 +101,10 @@ class _PackedWeight:
             self.source = source
         return self.tensor
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedWeight:
-        return _PackedWeight()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
-
-
-class _MklPackedWeights:
+class _MklPackedWeights(_FreshWhenCopied):
     """A float32 weight's MKL-packed copies, one per row count (`MKL_ROW_COUNTS` at most, the most recently
-    used kept), and which weight they were packed from. Copies and pickles start empty, as `_PackedWeight`."""
+    used kept), and which weight they were packed from."""
 
     def __init__(self) -> None:
         self.packed: dict[int, torch.Tensor] = {}  # row count -> packed weight, least recently used first
@@ -126,15 +132,6 @@ class _MklPackedWeights:
                 packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
         self.packed[rows] = packed  # now the most recently used
         return packed
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _MklPackedWeights:
-        return _MklPackedWeights()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
 
 
 class PackedLinear(torch.nn.Linear):

@@ -35,6 +35,17 @@ def _packed_rows(layer: PackedLinear) -> list[int]:
     return list(layer._rift_packed.packed)
 
 
+def _packed_at_min_rows() -> tuple[PackedLinear, torch.Tensor]:
+    """A layer called `MKL_PACK_AFTER` times at `MKL_MIN_ROWS` rows (so packed for them), and that input."""
+    layer = _linear()
+    pack_linear_weights(layer)
+    x = torch.randn(MKL_MIN_ROWS, 96)
+    with torch.no_grad():
+        for _ in range(MKL_PACK_AFTER):
+            layer(x)
+    return layer, x
+
+
 @pytest.mark.parametrize("shape", [(16, 96), (17, 96), (16, 1, 96), (4, 12, 96), (192, 96), (449, 96)])
 def test_a_packed_float32_linear_gives_f_linear_s_bits_once_its_row_count_recurs(shape):
     layer = _linear()
@@ -75,12 +86,8 @@ def test_the_most_recently_used_row_counts_stay_packed():
 
 
 def test_a_rewritten_weight_drops_its_packed_copies_and_training_takes_the_plain_path():
-    layer = _linear()
-    pack_linear_weights(layer)
-    x = torch.randn(MKL_MIN_ROWS, 96)
+    layer, x = _packed_at_min_rows()
     with torch.no_grad():
-        for _ in range(MKL_PACK_AFTER):
-            layer(x)
         assert _packed_rows(layer) == [MKL_MIN_ROWS]
         layer.weight.mul_(-2)  # an optimizer step: the copy of the old weight must not be read
         assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
@@ -92,12 +99,8 @@ def test_a_rewritten_weight_drops_its_packed_copies_and_training_takes_the_plain
 
 
 def test_a_copied_or_pickled_layer_packs_its_own_weight():
-    layer = _linear()
-    pack_linear_weights(layer)
-    x = torch.randn(MKL_MIN_ROWS, 96)
+    layer, x = _packed_at_min_rows()
     with torch.no_grad():
-        for _ in range(MKL_PACK_AFTER):
-            layer(x)
         for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
             assert type(other) is PackedLinear and _packed_rows(other) == []
             other.weight.mul_(0.5)

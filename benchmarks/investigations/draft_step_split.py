@@ -103,14 +103,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     cap_heap_growth()
-    setup = argparse.Namespace(quick=False, preset="smollm2-135m", dtype=args.dtype, isl=448, seed=0)
-    model, tokenizer = bench.load(setup)
-    prompts = bench.make_prompts(setup, tokenizer, args.batch)
-    job = {"batch": args.batch, "budget": 128, "tokens": args.tokens}
-    responses = bench.run_cell(model, {**job, "stage": "targets", "eos": tokenizer.eos_token_id}, prompts, None)
+    model, prompts, job, responses = bench.closed_cell_inputs(args.dtype, args.batch, args.tokens)
 
     recorder = Recorder()
-    eager: list[tuple[float, int]] = []  # (seconds, 0) of the full-batch steps after --step
+    eager: list[float] = []  # seconds of the full-batch steps after --step
     steps = 0
     forward_rows = speculative.forward_rows
 
@@ -126,8 +122,7 @@ def main() -> None:
             return forward_rows(model, cache, feeds, starts, logits=logits)
         start = time.perf_counter()
         out = forward_rows(model, cache, feeds, starts, logits=logits)
-        seconds = time.perf_counter() - start
-        eager.append((seconds, 0))
+        eager.append(time.perf_counter() - start)
         return out
 
     speculative.forward_rows = timed
@@ -137,7 +132,7 @@ def main() -> None:
         speculative.forward_rows = forward_rows
     calls = recorder.calls
     products = [call for call in calls if is_product(call[0])]
-    eager_ms = 1e3 * statistics.median(seconds for seconds, _ in eager)
+    eager_ms = 1e3 * statistics.median(eager)
     replay_ms = 1e3 * replay(calls, args.repeats)
     product_ms = 1e3 * replay(products, args.repeats)
     print(

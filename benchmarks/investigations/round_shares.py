@@ -45,11 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     cap_heap_growth()
-    setup = argparse.Namespace(quick=False, preset="smollm2-135m", dtype=args.dtype, isl=448, seed=0)
-    model, tokenizer = bench.load(setup)
-    prompts = bench.make_prompts(setup, tokenizer, args.batch)
-    job = {"batch": args.batch, "budget": 128, "tokens": args.tokens}
-    responses = bench.run_cell(model, {**job, "stage": "targets", "eos": tokenizer.eos_token_id}, prompts, None)
+    model, prompts, job, responses = bench.closed_cell_inputs(args.dtype, args.batch, args.tokens)
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
