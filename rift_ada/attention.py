@@ -121,6 +121,13 @@ def band_mask(pending: PendingAttention, device: torch.device) -> torch.Tensor:
     )
 
 
+def causal_visibility(first_position: int, n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, q, n) boolean: queries at ``first_position``.. see every stored key up to their own position."""
+    key_positions = torch.arange(n_keys, device=device)
+    query_positions = torch.arange(first_position, first_position + n_queries, device=device)
+    return (key_positions[None, :] <= query_positions[:, None])[None, None]
+
+
 def group_query_mean(pre_rope_query: torch.Tensor, n_kv: int) -> torch.Tensor:
     """(b, h, q, d) pre-RoPE queries -> (b, kv, q, d) float mean over each KV group's heads."""
     batch, n_heads, n_queries, _ = pre_rope_query.shape
@@ -202,9 +209,7 @@ def _batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch
         if note is None:
             visibles.append(None)
         elif note.full:
-            key_positions = torch.arange(size, device=device)
-            query_positions = torch.arange(note.first_position, note.first_position + count, device=device)
-            visibles.append((key_positions[None, :] <= query_positions[:, None])[None, None])
+            visibles.append(causal_visibility(note.first_position, count, size, device))
         else:
             visibles.append(band_mask(note, device))  # (1 | the note's rows, 1 | kv, q, size)
     heads = max((visible.shape[1] for visible in visibles if visible is not None), default=1)
@@ -229,12 +234,19 @@ def sdpa_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tenso
     last = _last_additive[0]
     if last is not None and last[0] is mask and last[1:] == key[1:]:
         return _last_additive[1]
-    if mask.shape[1] > 1 and group > 1:
-        batch, n_kv, n_queries, width = mask.shape
-        mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_kv * group, n_queries, width)
+    mask = per_query_head(mask, group)
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     _last_additive[0], _last_additive[1] = key, additive
     return additive
+
+
+def per_query_head(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """A (b, kv, q, n) visibility that differs between KV heads, repeated for each KV head's ``group`` query
+    heads (SDPA broadcasts a mask over heads but does not group it); a (b, 1, q, n) one as it is."""
+    if mask.shape[1] == 1 or group == 1:
+        return mask
+    batch, n_kv, n_queries, width = mask.shape
+    return mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(batch, n_kv * group, n_queries, width)
 
 
 def _wants_probs(note: PendingAttention) -> bool:
@@ -262,6 +274,8 @@ def batched_attention(
             if group_mean is None:
                 group_mean = group_query_mean(_inverse_rope(module, query), n_kv)
             note.layer.record_queries(query[rows, :, :count], None, note, group_mean[rows, :, :count])
+    if rows_attend_alone(query) and not pending.maskless:
+        return _attention_row_by_row(module, query, key, value, pending, scaling)
     mask = None if pending.maskless else batch_mask(pending, n_kv, key.device)
     visible = None if mask is None else mask[:, :, None]  # (b, 1 | kv, 1, q, n)
     sinks = getattr(module, "sinks", None)
@@ -280,6 +294,36 @@ def batched_attention(
         if wanted:
             note.layer.observe_attention(probs[rows, :, :, :count, :size], note)
     return _attention_output(probs, value)
+
+
+def rows_attend_alone(query: torch.Tensor) -> bool:
+    """Whether each request of a batch attends exactly as it would alone: one attention call per note over the
+    row's own keys (no padding), the call a request alone makes (`note_attention`). In bfloat16 / float16 the
+    kernels' last-bit differences between a padded batch and a row alone flip argmaxes (1 of 32 ragged requests
+    on the tiny llama; benchmarks/investigations/batch_invariance.py), so the low-precision dtypes take it.
+    float32 keeps the padded batch: its differences (about 1e-7) have not flipped a token (tests/test_batch.py).
+    A single-token step over the batch's rings (``maskless``) is one call either way: SDPA computes each batch
+    row on its own."""
+    return query.dtype in (torch.bfloat16, torch.float16)
+
+
+def _attention_row_by_row(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pending: BatchPending,
+    scaling: float,
+) -> torch.Tensor:
+    """`batched_attention` as each note's request computes it alone: (b, q, h, d), padding queries zero."""
+    batch, n_heads, n_queries, head_dim = query.shape
+    output = query.new_zeros(batch, n_queries, n_heads, head_dim)
+    for rows, note, count, size in zip(pending.row_slices(), pending.rows, pending.counts, pending.sizes, strict=True):
+        if note is not None and count:
+            output[rows, :count] = note_attention(
+                module, query[rows, :, :count], key[rows, :, :size], value[rows, :, :size], note, scaling
+            )
+    return output
 
 
 @functools.cache
@@ -378,27 +422,52 @@ def budgeted_attention(
     pending: PendingAttention,
     scaling: float,
 ) -> torch.Tensor:
-    """Masked attention over the working set; returns (b, q, h, d)."""
+    """Masked attention over the working set, the queries recorded first where the layer keeps them; returns
+    (b, q, h, d)."""
     layer = pending.layer
     if layer.wants_queries():
         layer.record_queries(query, _inverse_rope(module, query), pending)
+    return note_attention(module, query, key, value, pending, scaling)
+
+
+def note_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pending: PendingAttention,
+    scaling: float,
+) -> torch.Tensor:
+    """One request's attention as its note describes it (the queries already recorded); returns (b, q, h, d).
+    Full rows without probabilities to observe take SDPA with the causal band (`rows_attend_alone` dtypes: alone
+    and in a batch alike; float32 requests alone take the model's own attention function instead)."""
+    layer = pending.layer
     n_queries = query.shape[2]
     group = query.shape[1] // key.shape[1]
     sinks = getattr(module, "sinks", None)
     if not pending.full and sinks is None and not layer.needs_probs(pending):
-        # Fast path: fused attention. A single query sees every gathered key (its own window and
-        # the selection), so it needs no mask at all.
+        # Fast path: fused attention. A single query sees every gathered key (its own window and the
+        # selection), so it needs no mask, unless selection slots are padding (a probe arm's).
+        masked = n_queries > 1 or pending.selection_valid is not None
+        visibility = band_mask(pending, key.device) if masked else None
         if _sdpa_is_slow(query):
-            return _single_query_attention(query, key, value, scaling, None)
-        mask = None if n_queries == 1 else band_mask(pending, key.device)
+            return _single_query_attention(
+                query, key, value, scaling, None if visibility is None else visibility[:, :, None]
+            )
+        mask = None if visibility is None else per_query_head(visibility, group)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )
         return output.transpose(1, 2).contiguous()
+    if pending.full and sinks is None and not layer.needs_probs(pending) and not layer.wants_full_probs(pending):
+        square = pending.first_position == 0 and n_queries == key.shape[2]
+        mask = None if square else causal_visibility(pending.first_position, n_queries, key.shape[2], key.device)
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=square and n_queries > 1, scale=scaling, enable_gqa=group > 1
+        )
+        return output.transpose(1, 2).contiguous()
     if pending.full:
-        key_positions = torch.arange(key.shape[2], device=key.device)
-        query_positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=key.device)
-        visible = (key_positions[None, :] <= query_positions[:, None])[None, None, None]
+        visible = causal_visibility(pending.first_position, n_queries, key.shape[2], key.device)[:, :, None]
     else:
         visible = band_mask(pending, key.device)[:, :, None]  # (b, 1|kv, 1, q, L)
     probs = _attention_probs(query, key, scaling, visible, sinks)
@@ -434,7 +503,9 @@ def _make_interface(base: str) -> Callable[..., Any]:
             scaling = kwargs.get("scaling") or module.scaling
             output = batched_attention(module, query, key, value, pending, scaling)
             return output, None
-        if pending is None or (pending.full and not pending.layer.wants_full_probs(pending)):
+        if pending is None or (
+            pending.full and not pending.layer.wants_full_probs(pending) and not rows_attend_alone(query)
+        ):
             if pending is not None and pending.layer.wants_queries():
                 pending.layer.record_queries(query, _inverse_rope(module, query), pending)
             return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)

@@ -22,6 +22,12 @@ from 16 to 449 on SmolLM2's and Gemma3's shapes (below 16 MKL's packed kernel ro
 stay plain); each packed row count holds about the weights' size again in memory
 (docs/notes/2026-12-06-float32-mkl-packing.md).
 
+A bfloat16 product of at most `ROWS_HINT` rows gives each row the bits it gives alone (one row), and a
+larger one does not (SmolLM2's and Gemma3's shapes differ from 33 rows on). Inside `rows_as_alone` (a batch
+of requests' forward, `rift_ada.speculative`) a bfloat16 product of more rows runs in pieces of `ROWS_HINT`,
+so a verification of 32 requests x 12 tokens gives each request the products it gets alone; a prefill (one
+request) keeps the whole product (tests/test_packed_linear.py checks the pieces row for row).
+
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
 (training, ``load_state_dict``) is packed again at its next call; a call under autograd with a trainable
@@ -32,6 +38,9 @@ weight, with an input or weight on another device or of another dtype, or under 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,6 +52,7 @@ __all__ = [
     "packing_available",
     "pack_linear_weights",
     "packed_linear_count",
+    "rows_as_alone",
 ]
 
 PACKING_VARIABLE = "RIFT_ADA_PACKED_LINEAR"  # "0" turns packing off (a comparison, a suspect kernel)
@@ -50,6 +60,21 @@ ROWS_HINT = 32  # the rows oneDNN packs for (a decode batch's); the outputs meas
 MKL_MIN_ROWS = 16  # below it MKL's packed float32 product rounds differently from F.linear's
 MKL_PACK_AFTER = 8  # calls at a row count before it is packed: a one-off shape is not worth a copy
 MKL_ROW_COUNTS = 2  # row counts kept packed per weight (each holds the weight's size again)
+
+
+_pieces = threading.local()
+
+
+@contextmanager
+def rows_as_alone() -> Iterator[None]:
+    """bfloat16 packed products of more than `ROWS_HINT` rows run in pieces of `ROWS_HINT` rows inside it (a
+    forward of a batch of requests: each row's products as the request alone gets them)."""
+    outer = getattr(_pieces, "active", False)
+    _pieces.active = True
+    try:
+        yield
+    finally:
+        _pieces.active = outer
 
 
 def _turned_off() -> bool:
@@ -152,7 +177,15 @@ class PackedLinear(torch.nn.Linear):
             return torch.nn.functional.linear(input, weight, self.bias)
         packing = self._rift_packed
         if weight.dtype == torch.bfloat16 and isinstance(packing, _PackedWeight):
-            return torch.ops.mkldnn._linear_pointwise(input, packing.of(weight), self.bias, "none", [], "")
+            packed = packing.of(weight)
+            rows = input.numel() // weight.shape[1]
+            if rows <= ROWS_HINT or not getattr(_pieces, "active", False):
+                return torch.ops.mkldnn._linear_pointwise(input, packed, self.bias, "none", [], "")
+            pieces = [
+                torch.ops.mkldnn._linear_pointwise(piece, packed, self.bias, "none", [], "")
+                for piece in input.reshape(rows, -1).split(ROWS_HINT)
+            ]
+            return torch.cat(pieces).reshape(*input.shape[:-1], -1)
         if weight.dtype == torch.float32 and isinstance(packing, _MklPackedWeights):
             rows = input.numel() // weight.shape[1]
             packed = packing.for_rows(weight, rows)

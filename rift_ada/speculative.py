@@ -34,6 +34,7 @@ from rift_ada.attention import QueryLog, log_queries
 from rift_ada.batch_cache import BatchedCache
 from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
+from rift_ada.packed_linear import rows_as_alone
 
 FULL_POLICY = make_policy("full")  # the target's cache: full KV, per-request lengths
 
@@ -166,9 +167,10 @@ def _forward_padded(
     cache.set_counts(counts)
     keep = {} if logits else {"logits_to_keep": 1}
     try:
-        output = model(
-            input_ids=ids, position_ids=positions, use_cache=True, **{_cache_argument(type(model)): cache}, **keep
-        ).logits
+        with rows_as_alone():
+            output = model(
+                input_ids=ids, position_ids=positions, use_cache=True, **{_cache_argument(type(model)): cache}, **keep
+            ).logits
     finally:
         cache.set_counts(None)
     return [output[row, : counts[row]] for row in range(len(feeds))]
@@ -473,12 +475,10 @@ def _round(
     log = QueryLog() if any(crops) else None
     drafted, dists, entropies = _draft(draft_model, draft_cache, active, steps, temperature, log)
 
-    # Verify: every row feeds pending + max(steps) tokens (short rows padded; the target is rolled back).
+    # Verify: every row feeds pending + its own drafts (a short row's padding slots are not its tokens, so its
+    # target logits are those of the row alone; the target is rolled back to the committed tokens after).
     width = max(steps)
-    feeds = [
-        [row.pending, *tokens, *[tokens[-1] if tokens else row.pending] * (width - len(tokens))]
-        for row, tokens in zip(active, drafted, strict=True)
-    ]
+    feeds = [[row.pending, *tokens] for row, tokens in zip(active, drafted, strict=True)]
     target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
     target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
     kept_feeds: list[list[int]] = []

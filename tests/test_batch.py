@@ -211,7 +211,25 @@ def test_batches_of_16_and_32_equal_each_request_alone(temperature):
     """32 ragged requests (mixed policies, controllers reading query drift, teacher-forced and free)
     in batches of 16 (continuous) and 32: tokens, rounds and refreshes are the request's alone, and so
     is every stride's signals (up to the order of float additions in a batched forward)."""
-    model = tiny_model("llama", seed=9)
+    _assert_batches_equal_each_request_alone(tiny_model("llama", seed=9), temperature, signals_within=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "temperature"), [("llama", 0.0), ("llama", 1.0), ("gemma3_text", 1.0), ("gpt_oss", 0.0)]
+)
+def test_bfloat16_batches_equal_each_request_alone(architecture, temperature):
+    """In bfloat16 each row of a batch attends over its own keys as it does alone (`rows_attend_alone`) and a
+    verification feeds each row its own drafts only, so the 32 ragged requests at batches 16 and 32 give the
+    tokens, rounds and refreshes of the requests alone (the padded batch gave 1-2 of 32 other tokens on the
+    llama and Gemma3; benchmarks/investigations/bf16_batch_identity.py). On the llama every stride's signals
+    are equal too; on Gemma3 and gpt-oss (attention sinks, experts) they differ in the fifth digit (a kernel
+    not yet pinned down), within 1e-3. gpt_oss: the probabilities path."""
+    model = tiny_model(architecture, seed=9).to(torch.bfloat16)
+    within = 0.0 if architecture == "llama" else 1e-3
+    _assert_batches_equal_each_request_alone(model, temperature, signals_within=within)
+
+
+def _assert_batches_equal_each_request_alone(model, temperature: float, signals_within: float) -> None:
     alone_requests = _ragged_requests()
     alone = [
         speculative_generate_batch(model, [request], draft_length=4, temperature=temperature)[0]
@@ -231,7 +249,11 @@ def test_batches_of_16_and_32_equal_each_request_alone(temperature):
             want_strides = alone_requests[index].refresh_hook.strides
             assert [sorted(row) for row in got_strides] == [sorted(row) for row in want_strides], label
             for got_row, want_row in zip(got_strides, want_strides, strict=True):  # signals up to float order
-                assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
+                if signals_within == 0:
+                    assert got_row == want_row, label
+                else:
+                    want_approx = {key: pytest.approx(value, abs=signals_within) for key, value in want_row.items()}
+                    assert got_row == want_approx, label
     assert sum(result.refreshes for result in alone) > 0
 
 

@@ -10,7 +10,13 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from rift_ada.packed_linear import PACKING_VARIABLE, PackedLinear, pack_linear_weights, packing_available
+from rift_ada.packed_linear import (
+    PACKING_VARIABLE,
+    PackedLinear,
+    pack_linear_weights,
+    packing_available,
+    rows_as_alone,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -116,3 +122,20 @@ def test_a_compiled_packed_linear_traces_the_plain_product():
     with torch.no_grad():
         compiled = torch.compile(layer, backend="eager", fullgraph=True)
         torch.testing.assert_close(compiled(x), layer(x), rtol=2**-8, atol=1e-2)
+
+
+@pytest.mark.parametrize(("fan_in", "fan_out"), [(576, 1536), (1536, 576), (640, 2048)])
+def test_inside_rows_as_alone_each_row_of_a_long_product_has_its_bits_alone(fan_in, fan_out):
+    """SmolLM2's MLP and Gemma3's shapes: a product of more than `ROWS_HINT` rows (a batch's verification) runs
+    in pieces inside `rows_as_alone`, each row what the row alone gives; the product itself is unchanged."""
+    layer = _linear(fan_in, fan_out, seed=1)
+    pack_linear_weights(layer)
+    x = torch.randn(384, fan_in, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.no_grad():
+        alone = torch.cat([layer(x[row : row + 1]) for row in range(x.shape[0])])
+        for rows in (33, 100, 384):
+            with rows_as_alone():
+                got = layer(x[:rows].reshape(1, rows, fan_in))
+            assert got.shape == (1, rows, fan_out)
+            assert torch.equal(got[0], alone[:rows]), f"{rows} rows"
+        torch.testing.assert_close(got[0].double(), _reference(layer, x), rtol=2**-8, atol=2e-2)
