@@ -460,8 +460,11 @@ def note_attention(
         )
         return output.transpose(1, 2).contiguous()
     if pending.full and sinks is None and not layer.needs_probs(pending) and not layer.wants_full_probs(pending):
-        square = pending.first_position == 0 and n_queries == key.shape[2]
-        mask = None if square else causal_visibility(pending.first_position, n_queries, key.shape[2], key.device)
+        n_keys = key.shape[2]
+        square = pending.first_position == 0 and n_queries == n_keys  # a prefill: the causal triangle
+        every_key = n_queries == 1 and pending.first_position + 1 == n_keys  # a decode step sees all it stored
+        masked = not (square or every_key)
+        mask = causal_visibility(pending.first_position, n_queries, n_keys, key.device) if masked else None
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=square and n_queries > 1, scale=scaling, enable_gqa=group > 1
         )
