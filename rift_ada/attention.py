@@ -303,8 +303,8 @@ def rows_attend_alone(query: torch.Tensor) -> bool:
     on the tiny llama; benchmarks/investigations/batch_invariance.py), so the low-precision dtypes take it.
     float32 keeps the padded batch: its differences (about 1e-7) have not flipped a token (tests/test_batch.py).
     A single-token step over the batch's rings (``maskless``) is one call either way: SDPA computes each batch
-    row on its own."""
-    return query.dtype in (torch.bfloat16, torch.float16)
+    row on its own. CPU only: on a GPU the products are not row-exact either, and a call per row costs launches."""
+    return query.dtype in (torch.bfloat16, torch.float16) and query.device.type == "cpu"
 
 
 def _attention_row_by_row(
