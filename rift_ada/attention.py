@@ -299,8 +299,9 @@ def batched_attention(
 def rows_attend_alone(query: torch.Tensor) -> bool:
     """Whether each request of a batch attends exactly as it would alone: one attention call per note over the
     row's own keys (no padding), the call a request alone makes (`note_attention`). In bfloat16 / float16 the
-    kernels' last-bit differences between a padded batch and a row alone flip argmaxes (1 of 32 ragged requests
-    on the tiny llama; benchmarks/investigations/batch_invariance.py), so the low-precision dtypes take it.
+    kernels' last-bit differences between a padded batch and a row alone flip argmaxes (11-12 of 32 ragged
+    requests on SmolLM2 at T = 0, with products of over 32 rows and short rows riding along in verifications;
+    docs/notes/2026-12-06-bf16-batch-identity.md), so the low-precision dtypes take it.
     float32 keeps the padded batch: its differences (about 1e-7) have not flipped a token (tests/test_batch.py).
     A single-token step over the batch's rings (``maskless``) is one call either way: SDPA computes each batch
     row on its own. CPU only: on a GPU the products are not row-exact either, and a call per row costs launches."""
