@@ -285,10 +285,7 @@ def batched_attention(
         if _sdpa_is_slow(query):
             return _single_query_attention(query, key, value, scaling, visible)
         additive = None if mask is None else sdpa_mask(mask, group, query.dtype)
-        output = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=additive, scale=scaling, enable_gqa=group > 1
-        )
-        return output.transpose(1, 2).contiguous()
+        return _sdpa(query, key, value, additive, scaling)
     probs = _attention_probs(query, key, scaling, visible, sinks)
     for rows, note, count, size, wanted in zip(slices, pending.rows, pending.counts, pending.sizes, wants, strict=True):
         if wanted:
@@ -325,6 +322,21 @@ def _attention_row_by_row(
                 module, query[rows, :, :count], key[rows, :, :size], value[rows, :, :size], note, scaling
             )
     return output
+
+
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """torch's SDPA of (b, h, q, d) queries over (b, kv, n, d) keys (grouped when kv < h) -> (b, q, h, d)."""
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=query.shape[1] > key.shape[1]
+    )
+    return output.transpose(1, 2).contiguous()
 
 
 @functools.cache
@@ -455,21 +467,14 @@ def note_attention(
             return _single_query_attention(
                 query, key, value, scaling, None if visibility is None else visibility[:, :, None]
             )
-        mask = None if visibility is None else per_query_head(visibility, group)
-        output = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
-        )
-        return output.transpose(1, 2).contiguous()
-    if pending.full and sinks is None and not layer.needs_probs(pending) and not layer.wants_full_probs(pending):
+        return _sdpa(query, key, value, None if visibility is None else per_query_head(visibility, group), scaling)
+    if pending.full and sinks is None and not _wants_probs(pending):
         n_keys = key.shape[2]
         square = pending.first_position == 0 and n_queries == n_keys  # a prefill: the causal triangle
         every_key = n_queries == 1 and pending.first_position + 1 == n_keys  # a decode step sees all it stored
         masked = not (square or every_key)
         mask = causal_visibility(pending.first_position, n_queries, n_keys, key.device) if masked else None
-        output = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=square and n_queries > 1, scale=scaling, enable_gqa=group > 1
-        )
-        return output.transpose(1, 2).contiguous()
+        return _sdpa(query, key, value, mask, scaling, is_causal=square and n_queries > 1)
     if pending.full:
         visible = causal_visibility(pending.first_position, n_queries, key.shape[2], key.device)[:, :, None]
     else:
