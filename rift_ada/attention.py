@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rift_ada.packed_linear import cpu_has_amx
+
 if TYPE_CHECKING:
     from transformers.cache_utils import DynamicLayer
 
@@ -341,9 +343,8 @@ def _sdpa(
 
 @functools.cache
 def _cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles (Intel Xeon since Sapphire Rapids), which torch's CPU SDPA uses in bf16."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe is not None and probe())
+    """`packed_linear.cpu_has_amx`, asked once (torch's CPU SDPA uses AMX tiles in bf16)."""
+    return cpu_has_amx()
 
 
 def _sdpa_is_slow(query: torch.Tensor) -> bool:

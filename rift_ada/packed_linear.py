@@ -26,7 +26,9 @@ A bfloat16 product of at most `ROWS_HINT` rows gives each row the bits it gives 
 larger one does not (SmolLM2's and Gemma3's shapes differ from 33 rows on). Inside `rows_as_alone` (a batch
 of requests' forward, `rift_ada.speculative`) a bfloat16 product of more rows runs in pieces of `ROWS_HINT`,
 so a verification of 32 requests x 12 tokens gives each request the products it gets alone; a prefill (one
-request) keeps the whole product (tests/test_packed_linear.py checks the pieces row for row).
+request) keeps the whole product (tests/test_packed_linear.py checks the pieces row for row). That holds for
+oneDNN's AMX kernels (`bfloat16_rows_exact`); its AVX512-BF16 kernels (a CPU without AMX) give some rows of the
+MLP's down projection other bits from 2-6 rows on (docs/notes/2026-12-06-bf16-default-checks.md).
 
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
@@ -48,6 +50,8 @@ import torch
 __all__ = [
     "PACKING_VARIABLE",
     "PackedLinear",
+    "bfloat16_rows_exact",
+    "cpu_has_amx",
     "mkl_packing_available",
     "packing_available",
     "pack_linear_weights",
@@ -89,6 +93,26 @@ def packing_available() -> bool:
         return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     except (AttributeError, RuntimeError):  # a build without these ops
         return False
+
+
+def bfloat16_rows_exact() -> bool:
+    """Whether this CPU's packed bfloat16 products give each row of up to `ROWS_HINT` the bits it gets alone, so
+    a bfloat16 batch gives each request what it gives alone: oneDNN on AMX tiles (Intel Xeon, ``amx_bf16``),
+    packing on, and no ``ONEDNN_MAX_CPU_ISA`` cap below AMX. Measured on SmolLM2's and Gemma3's shapes; capped
+    at AVX512_CORE_BF16 on the same Xeon, rows of the down projection differ from 2-6 rows on."""
+    if not packing_available():
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    if cap != "ALL" and "AMX" not in cap:
+        return False
+    return cpu_has_amx()
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon since Sapphire Rapids), which oneDNN and torch's CPU SDPA use in
+    bfloat16."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
 
 
 def mkl_packing_available() -> bool:

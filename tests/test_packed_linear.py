@@ -13,6 +13,7 @@ from tiny_models import tiny_model
 from rift_ada.packed_linear import (
     PACKING_VARIABLE,
     PackedLinear,
+    bfloat16_rows_exact,
     pack_linear_weights,
     packing_available,
     rows_as_alone,
@@ -124,6 +125,7 @@ def test_a_compiled_packed_linear_traces_the_plain_product():
         torch.testing.assert_close(compiled(x), layer(x), rtol=2**-8, atol=1e-2)
 
 
+@pytest.mark.skipif(not bfloat16_rows_exact(), reason="oneDNN's bf16 rows are measured exact on AMX only")
 @pytest.mark.parametrize(("fan_in", "fan_out"), [(576, 1536), (1536, 576), (640, 2048)])
 def test_inside_rows_as_alone_each_row_of_a_long_product_has_its_bits_alone(fan_in, fan_out):
     """SmolLM2's MLP and Gemma3's shapes: a product of more than `ROWS_HINT` rows (a batch's verification) runs
@@ -139,3 +141,24 @@ def test_inside_rows_as_alone_each_row_of_a_long_product_has_its_bits_alone(fan_
             assert got.shape == (1, rows, fan_out)
             assert torch.equal(got[0], alone[:rows]), f"{rows} rows"
         torch.testing.assert_close(got[0].double(), _reference(layer, x), rtol=2**-8, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("amx", "isa_cap", "packing", "exact"),
+    [
+        (True, None, "1", True),
+        (True, "AVX10_1_512_AMX", "1", True),
+        (False, None, "1", False),  # AVX512-BF16 without AMX: rows of the down projection differ from 2-6 rows on
+        (True, "AVX512_CORE_BF16", "1", False),  # oneDNN told not to use AMX
+        (True, None, "0", False),  # packing off: unpacked products differ from 1 row on
+    ],
+)
+def test_bfloat16_rows_are_exact_on_amx_with_packing_only(monkeypatch, amx, isa_cap, packing, exact):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if isa_cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
+    monkeypatch.setenv(PACKING_VARIABLE, packing)
+    assert bfloat16_rows_exact() is exact
