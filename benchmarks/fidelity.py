@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="preset or local model directory (default: smollm2-135m)")
+    parser.add_argument("--dtype", default=None, help="model dtype (default: the loader's, float32 on the CPU)")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         arm_ages=tuple(int(x) for x in args.arm_ages.split(",")),
         replicas=args.replicas,
         seed=args.seed,
+        dtype=args.dtype,
     )
     started = time.monotonic()
     model_name = args.model or (None if args.quick else "smollm2-135m")

@@ -47,6 +47,7 @@ class FidelityCase:
     seed: int = 0
     dataset: str = "embedded:small"
     max_isl: int = 1100
+    dtype: str | None = None  # the model's; None: the loader's default (float32 on the CPU)
 
 
 def fidelity_gate(settings: Any, max_age: int) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def fidelity_setup(out_dir: str | Path, case: FidelityCase, model: str = "smollm
     from rift_ada.collectors.collect import CollectSettings
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
 
-    pair = load_pair(model)
+    pair = load_pair(model, dtype=case.dtype)
     requests = load_requests(case.dataset, pair.tokenizer, limit=case.n_requests, max_isl=case.max_isl)
     settings = CollectSettings(
         draft=pair.preset.draft,
