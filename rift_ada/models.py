@@ -428,14 +428,21 @@ def load_model(
     (default ``~/.cache/rift-ada``) so later loads take seconds. ``device_map`` (e.g. ``"auto"``)
     is passed to ``from_pretrained`` so a model larger than one GPU is spread over several (this
     needs the ``accelerate`` package); ``device`` is then ignored. On the CPU, a bfloat16 model's Linear
-    weights are packed once for oneDNN and a float32 model's for MKL at its frequent batch sizes
-    (`rift_ada.packed_linear`; ``RIFT_ADA_PACKED_LINEAR=0`` keeps them plain).
+    weights are packed once for oneDNN and a float32 model's for MKL at its frequent batch sizes, or once for
+    oneDNN on an AMD CPU (`rift_ada.packed_linear`; ``RIFT_ADA_PACKED_LINEAR=0`` keeps them plain,
+    ``RIFT_ADA_FLOAT32_PACKING`` picks the float32 kernel).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rift_ada.packed_linear import float32_packing
+
     if dtype is not None and dtype not in DTYPES:
         raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    try:
+        float32_packing()  # a bad RIFT_ADA_FLOAT32_PACKING fails here, before any weights load
+    except ValueError as error:
+        raise ModelError(str(error)) from None
     torch_dtype = getattr(torch, dtype or default_dtype(device))
     if embedded_model(model_id) is not None:
         model_id = str(converted_model_dir(model_id))
@@ -452,5 +459,5 @@ def load_model(
     if torch_dtype in (torch.bfloat16, torch.float32) and device_map is None and torch.device(device).type == "cpu":
         from rift_ada.packed_linear import pack_linear_weights
 
-        pack_linear_weights(model)  # oneDNN's (bf16) and MKL's (float32) packed weights: faster products, same outputs
+        pack_linear_weights(model)  # oneDNN's (bf16; float32 on AMD) or MKL's (float32) packed weights: faster products
     return model, tokenizer

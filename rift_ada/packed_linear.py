@@ -1,4 +1,5 @@
-"""CPU Linear layers reading packed weights: bfloat16 packed once for oneDNN, float32 packed for MKL per row count.
+"""CPU Linear layers reading packed weights: bfloat16 packed once for oneDNN, float32 for MKL per row count or,
+on an AMD CPU, once for oneDNN.
 
 ``torch.nn.functional.linear`` in bfloat16 on the CPU hands oneDNN a plain (out, in) weight, which it
 re-lays into its blocked format at every call. At a decode step's few rows that re-layout can cost as much
@@ -22,6 +23,15 @@ from 16 to 449 on SmolLM2's and Gemma3's shapes (below 16 MKL's packed kernel ro
 stay plain); each packed row count holds about the weights' size again in memory
 (docs/notes/2026-12-06-float32-mkl-packing.md).
 
+On an AMD CPU MKL is the slower kernel: on an AMD EPYC (Zen 4) oneDNN's float32 product from a weight packed
+once ran SmolLM2's products 1.2-1.35x faster than MKL's packed one at 16-32 rows and its lm_head 1.6-1.9x,
+with each row's output the same at every row count from 2 (and from 1 for inputs of up to 640 features), at
+most 8e-6 from the float64 product (benchmarks/investigations/float32_kernels.py). So `float32_packing` picks
+by the CPU's vendor: "onednn" on AMD (one packed copy serves every row count), "mkl" elsewhere; the
+environment's `FLOAT32_PACKING_VARIABLE` overrides it. oneDNN's float32 rounding is not ``F.linear``'s, so
+float32 results differ in the last bits between the two kernels (as they do between CPUs); a batch's rows
+still give the tokens of the requests alone (tests/test_mkl_packed_linear.py).
+
 A bfloat16 product of at most `ROWS_HINT` rows gives each row the bits it gives alone (one row), and a
 larger one does not (SmolLM2's and Gemma3's shapes differ from 33 rows on). Inside `rows_as_alone` (a batch
 of requests' forward, `rift_ada.speculative`) a bfloat16 product of more rows runs in pieces of `ROWS_HINT`,
@@ -33,8 +43,9 @@ MLP's down projection other bits from 2-6 rows on (docs/notes/2026-12-06-bf16-de
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
 (training, ``load_state_dict``) is packed again at its next call; a call under autograd with a trainable
-weight, with an input or weight on another device or of another dtype, or under torch.compile goes through
-``F.linear`` as before.
+weight or an input that needs a gradient (a frozen Linear under a LoRA adapter: the packed ops have no
+backward), with an input or weight on another device or of another dtype, or under torch.compile goes
+through ``F.linear`` as before.
 """
 
 from __future__ import annotations
@@ -51,8 +62,11 @@ __all__ = [
     "PACKING_VARIABLE",
     "PackedLinear",
     "bfloat16_rows_exact",
+    "FLOAT32_PACKING_VARIABLE",
     "cpu_has_amx",
+    "float32_packing",
     "mkl_packing_available",
+    "onednn_float32_available",
     "packing_available",
     "pack_linear_weights",
     "packed_linear_count",
@@ -60,6 +74,8 @@ __all__ = [
 ]
 
 PACKING_VARIABLE = "RIFT_ADA_PACKED_LINEAR"  # "0" turns packing off (a comparison, a suspect kernel)
+FLOAT32_PACKING_VARIABLE = "RIFT_ADA_FLOAT32_PACKING"  # "mkl" or "onednn": overrides `float32_packing`'s rule
+FLOAT32_KERNELS = ("mkl", "onednn")
 ROWS_HINT = 32  # the rows oneDNN packs for (a decode batch's); the outputs measured exact from 1 to 448 rows
 MKL_MIN_ROWS = 16  # below it MKL's packed float32 product rounds differently from F.linear's
 MKL_PACK_AFTER = 8  # calls at a row count before it is packed: a one-off shape is not worth a copy
@@ -120,6 +136,34 @@ def mkl_packing_available() -> bool:
     return not _turned_off() and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor string as Linux reports it ("AuthenticAMD", "GenuineIntel"), "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def float32_packing() -> str:
+    """Which kernel float32 Linears pack for: ``$RIFT_ADA_FLOAT32_PACKING`` when set ("mkl" or "onednn"), else
+    "onednn" on an AMD CPU (where MKL's products were the slower, see the module docstring) and "mkl" elsewhere."""
+    chosen = os.environ.get(FLOAT32_PACKING_VARIABLE, "").strip().lower()
+    if chosen:
+        if chosen not in FLOAT32_KERNELS:
+            raise ValueError(f"{FLOAT32_PACKING_VARIABLE}={chosen!r}: expected one of {', '.join(FLOAT32_KERNELS)}")
+        return chosen
+    return "onednn" if cpu_vendor() == "AuthenticAMD" else "mkl"
+
+
+def onednn_float32_available() -> bool:
+    """oneDNN's packed float32 Linear in this torch build, and packing not turned off by the environment."""
+    return not _turned_off() and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 class _FreshWhenCopied:
     """Packed copies that a deep copy or a pickle of the model does not carry: the copy starts empty and packs
     its own weight (oneDNN's packed tensors have no storage to copy)."""
@@ -135,12 +179,22 @@ class _FreshWhenCopied:
 
 
 class _PackedWeight(_FreshWhenCopied):
-    """A bfloat16 Linear's oneDNN-packed weight and which weight it was packed from (its storage and in-place
-    version)."""
+    """A Linear's oneDNN-packed weight of one dtype (bfloat16; float32 on AMD) and which weight it was packed from
+    (its storage and in-place version). A weight converted to another dtype since takes ``F.linear``."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.dtype = dtype
         self.tensor: torch.Tensor | None = None
         self.source: tuple[int, int] = (0, -1)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedWeight:
+        return type(self)(self.dtype)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state.get("dtype", torch.bfloat16))
 
     def of(self, weight: torch.Tensor) -> torch.Tensor:
         source = (weight.data_ptr(), weight._version)
@@ -183,9 +237,15 @@ class _MklPackedWeights(_FreshWhenCopied):
         return packed
 
 
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd must see this product: the packed ops register no backward, and a gradient through them
+    is silently None (a LoRA adapter's frozen base Linear has an input that needs one)."""
+    return any(tensor is not None and tensor.requires_grad for tensor in tensors)
+
+
 class PackedLinear(torch.nn.Linear):
     """A CPU Linear that reads its weight packed: for oneDNN in bfloat16, for MKL at its frequent row counts
-    in float32 (`pack_linear_weights` makes them)."""
+    or for oneDNN in float32 (`float32_packing`; `pack_linear_weights` makes them)."""
 
     _rift_packed: _PackedWeight | _MklPackedWeights
 
@@ -195,15 +255,15 @@ class PackedLinear(torch.nn.Linear):
             input.dtype != weight.dtype
             or input.device.type != "cpu"
             or weight.device.type != "cpu"
-            or (torch.is_grad_enabled() and weight.requires_grad)
+            or (torch.is_grad_enabled() and _needs_grad(input, weight, self.bias))  # the packed ops have no backward
             or torch.compiler.is_compiling()  # dynamo cannot trace a packed tensor; inductor packs its own
         ):
             return torch.nn.functional.linear(input, weight, self.bias)
         packing = self._rift_packed
-        if weight.dtype == torch.bfloat16 and isinstance(packing, _PackedWeight):
+        if isinstance(packing, _PackedWeight) and packing.dtype == weight.dtype:
             packed = packing.of(weight)
             rows = input.numel() // weight.shape[1]
-            if rows <= ROWS_HINT or not getattr(_pieces, "active", False):
+            if rows <= ROWS_HINT or weight.dtype != torch.bfloat16 or not getattr(_pieces, "active", False):
                 return torch.ops.mkldnn._linear_pointwise(input, packed, self.bias, "none", [], "")
             pieces = [
                 torch.ops.mkldnn._linear_pointwise(piece, packed, self.bias, "none", [], "")
@@ -220,12 +280,15 @@ class PackedLinear(torch.nn.Linear):
 
 def pack_linear_weights(model: torch.nn.Module) -> int:
     """Make every bfloat16 or float32 CPU Linear of ``model`` a `PackedLinear` (see the module docstring);
-    returns how many. bfloat16 weights are packed for oneDNN now, float32 ones for MKL at their first
-    frequent row counts.
+    returns how many. bfloat16 weights are packed for oneDNN now; float32 ones for MKL at their first
+    frequent row counts, or for oneDNN now where `float32_packing` says so.
 
-    bfloat16 needs `packing_available`, float32 `mkl_packing_available`; idempotent. A tied weight (an
-    lm_head that is the embedding) is packed as its own copy: the embedding's size again in memory."""
-    kinds = {torch.bfloat16: packing_available(), torch.float32: mkl_packing_available()}
+    bfloat16 needs `packing_available`, float32 `mkl_packing_available` or `onednn_float32_available`;
+    idempotent. A tied weight (an lm_head that is the embedding) is packed as its own copy: the embedding's
+    size again in memory."""
+    float32_onednn = float32_packing() == "onednn"
+    float32_ready = onednn_float32_available() if float32_onednn else mkl_packing_available()
+    kinds = {torch.bfloat16: packing_available(), torch.float32: float32_ready}
     packed = 0
     for module in model.modules():
         if type(module) is not torch.nn.Linear:
@@ -233,8 +296,8 @@ def pack_linear_weights(model: torch.nn.Module) -> int:
         weight = module.weight
         if not kinds.get(weight.dtype, False) or weight.device.type != "cpu":
             continue
-        if weight.dtype == torch.bfloat16:
-            module._rift_packed = _PackedWeight()
+        if weight.dtype == torch.bfloat16 or float32_onednn:
+            module._rift_packed = _PackedWeight(weight.dtype)
             module._rift_packed.of(weight)
         else:
             module._rift_packed = _MklPackedWeights()

@@ -1,5 +1,7 @@
 """float32 Linear layers packed for MKL per row count (`rift_ada.packed_linear`): the same bits as ``F.linear``
-where packed, the plain path below `MKL_MIN_ROWS` rows and until a row count recurs, and never a stale copy."""
+where packed, the plain path below `MKL_MIN_ROWS` rows and until a row count recurs, and never a stale copy.
+MKL is the float32 kernel off AMD CPUs; these tests choose it on every CPU (tests/test_onednn_float32_linear.py
+covers oneDNN's)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from tiny_models import tiny_model
 
 from rift_ada.packed_linear import (
+    FLOAT32_PACKING_VARIABLE,
     MKL_MIN_ROWS,
     MKL_PACK_AFTER,
     MKL_ROW_COUNTS,
@@ -24,6 +27,11 @@ pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(not mkl_packing_available(), reason="this torch build has no MKL packed float32 Linear"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _mkl_kernel(monkeypatch):
+    monkeypatch.setenv(FLOAT32_PACKING_VARIABLE, "mkl")
 
 
 def _linear(features_in: int = 96, features_out: int = 160, seed: int = 0) -> torch.nn.Linear:
