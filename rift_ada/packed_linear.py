@@ -24,7 +24,8 @@ stay plain); each packed row count holds about the weights' size again in memory
 (docs/notes/2026-12-06-float32-mkl-packing.md).
 
 On an AMD CPU MKL is the slower kernel: on an AMD EPYC (Zen 4) oneDNN's float32 product from a weight packed
-once ran SmolLM2's products 1.2-1.35x faster than MKL's packed one at 16-32 rows and its lm_head 1.6-1.9x,
+once ran a pass over SmolLM2-135M's weights 1.75x faster than MKL's packed ones at 16 rows, 1.45x at 32, 1.19x
+at 192 (MKL's packing gained nothing over ``F.linear`` there; at one row oneDNN is 1.16x ``F.linear``),
 with each row's output the same at every row count from 2 (and from 1 for inputs of up to 640 features), at
 most 8e-6 from the float64 product (benchmarks/investigations/float32_kernels.py). So `float32_packing` picks
 by the CPU's vendor: "onednn" on AMD (one packed copy serves every row count), "mkl" elsewhere; the
