@@ -73,6 +73,14 @@ STAGES = ("closed", "probe", "targets")
 DRAFT_LENGTH = 11
 
 
+def probe_difference(new: list[list[float]], old: list[list[float]]) -> str:
+    """Which of the probe's per-request sums differ: acceptance outcomes (a changed arm's result) or only the
+    entropies (a kernel's last bits), and by how much."""
+    outcomes = sum(a[0] != b[0] for a, b in zip(new, old, strict=True))
+    entropy = max(abs(a[1] - b[1]) / max(abs(b[1]), 1e-12) for a, b in zip(new, old, strict=True))
+    return f" (outcome sums differ in {outcomes} of {len(old)} requests, entropy sums by {entropy:.1e} rel. at most)"
+
+
 # ---- the machine: bandwidth and GEMM rate ------------------------------------------------------------
 def measure_bandwidth(megabytes: int = 256, repeats: int = 12) -> float:
     """Bytes/s of a large tensor copy (read + write)."""
@@ -694,7 +702,10 @@ def main(argv: list[str] | None = None) -> int:
                     for b in args.batches
                     if (stage, b, "new") in rate
                 )
-                print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}")
+                detail = ""
+                if stage == "probe" and not same and (stage, batch, "new") in result:
+                    detail = probe_difference(result[(stage, batch, "new")], result[(stage, batch, "old")])
+                print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}{detail}")
     if profile:
         groups = profile["groups"]
         total = profile["wall"]

@@ -94,3 +94,12 @@ def test_a_probe_with_sliding_window_layers_streams_the_weights_once_per_request
     stacked = bench.stage_floor(cell, llama, bandwidth=1e10, gemm=1e11, budget=128)
     alone = bench.stage_floor(cell, GEMMA3, bandwidth=1e10, gemm=1e11, budget=128)
     assert alone["memory_tok_s"] < stacked["memory_tok_s"] / 4  # 8 requests' weight streams, not one
+
+
+def test_a_probe_difference_says_whether_outcomes_or_only_entropies_moved():
+    bench = load_bench()
+    old = [[40.0, 100.0], [35.0, 200.0]]
+    assert bench.probe_difference([[40.0, 100.0 + 1e-4], [35.0, 200.0]], old) == (
+        " (outcome sums differ in 0 of 2 requests, entropy sums by 1.0e-06 rel. at most)"
+    )
+    assert "differ in 1 of 2" in bench.probe_difference([[40.0, 100.0], [36.0, 200.0]], old)
