@@ -31,7 +31,7 @@ most 8e-6 from the float64 product (benchmarks/investigations/float32_kernels.py
 by the CPU's vendor: "onednn" on AMD (one packed copy serves every row count), "mkl" elsewhere; the
 environment's `FLOAT32_PACKING_VARIABLE` overrides it. oneDNN's float32 rounding is not ``F.linear``'s, so
 float32 results differ in the last bits between the two kernels (as they do between CPUs); a batch's rows
-still give the tokens of the requests alone (tests/test_mkl_packed_linear.py).
+still give the tokens of the requests alone (tests/test_onednn_float32_linear.py).
 
 A bfloat16 product of at most `ROWS_HINT` rows gives each row the bits it gives alone (one row), and a
 larger one does not (SmolLM2's and Gemma3's shapes differ from 33 rows on). Inside `rows_as_alone` (a batch
@@ -166,17 +166,21 @@ def onednn_float32_available() -> bool:
 
 
 class _FreshWhenCopied:
-    """Packed copies that a deep copy or a pickle of the model does not carry: the copy starts empty and packs
-    its own weight (oneDNN's packed tensors have no storage to copy)."""
+    """Packed copies that a deep copy or a pickle of the model does not carry: the copy starts empty (made from
+    `_settings`, the constructor's keywords) and packs its own weight (oneDNN's packed tensors have no storage to
+    copy)."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _FreshWhenCopied:
-        return type(self)()
-
-    def __getstate__(self) -> dict[str, Any]:
+    def _settings(self) -> dict[str, Any]:
         return {}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _FreshWhenCopied:
+        return type(self)(**self._settings())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._settings()
+
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
+        self.__init__(**state)
 
 
 class _PackedWeight(_FreshWhenCopied):
@@ -188,14 +192,8 @@ class _PackedWeight(_FreshWhenCopied):
         self.tensor: torch.Tensor | None = None
         self.source: tuple[int, int] = (0, -1)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedWeight:
-        return type(self)(self.dtype)
-
-    def __getstate__(self) -> dict[str, Any]:
+    def _settings(self) -> dict[str, Any]:
         return {"dtype": self.dtype}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state.get("dtype", torch.bfloat16))
 
     def of(self, weight: torch.Tensor) -> torch.Tensor:
         source = (weight.data_ptr(), weight._version)

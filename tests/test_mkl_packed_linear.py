@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 import torch
-from tiny_models import tiny_model
+from tiny_models import ragged_forced_requests, tiny_model
 
 from rift_ada.packed_linear import (
     FLOAT32_PACKING_VARIABLE,
@@ -143,30 +143,17 @@ def test_load_model_packs_a_float32_cpu_model_unless_turned_off(tiny_model_dir, 
 def test_a_packed_float32_model_runs_a_closed_loop_batch_exactly_as_the_plain_model():
     """20 ragged teacher-forced and free requests at batches of 16 (continuous) and 20: the packed model's
     tokens, accepted counts, refreshes and draft entropies equal the plain model's, exactly."""
-    from rift_ada.budget import make_policy
-    from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate_batch
+    from rift_ada.speculative import speculative_generate_batch
 
     plain = tiny_model("llama", seed=9)
     packed = copy.deepcopy(plain)
     pack_linear_weights(packed)
-    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("snapkv", budget=12, obs_window=8)]
-
-    def requests() -> list[BatchRequest]:
-        prompts = torch.Generator().manual_seed(5)
-        return [
-            BatchRequest(
-                torch.randint(0, 96, (12 + 3 * index,), generator=prompts).tolist(),
-                policies[index % 2],
-                max_new_tokens=24 + index % 5,
-                seed=index,
-                refresh_hook=PeriodicRefresh(6),
-                forced_tokens=torch.randint(0, 96, (26,), generator=prompts).tolist() if index % 3 == 0 else None,
-            )
-            for index in range(20)
-        ]
 
     for max_batch in (16, 20):
-        runs = [speculative_generate_batch(m, requests(), draft_length=4, max_batch=max_batch) for m in (plain, packed)]
+        runs = [
+            speculative_generate_batch(m, ragged_forced_requests(), draft_length=4, max_batch=max_batch)
+            for m in (plain, packed)
+        ]
         for index, (want, got) in enumerate(zip(*runs, strict=True)):
             label = f"batch {max_batch} request {index}"
             assert got.tokens == want.tokens, label

@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 import torch
-from tiny_models import tiny_model
+from tiny_models import ragged_forced_requests, tiny_model
 
 from rift_ada import packed_linear
 from rift_ada.packed_linear import (
@@ -95,8 +95,7 @@ def test_a_onednn_float32_model_runs_a_closed_loop_batch_as_each_request_alone(o
     """20 ragged teacher-forced and free requests at batches of 16 (continuous) and 20 on a oneDNN-packed float32
     llama: tokens, accepted counts and refreshes are each request's alone on the same model, and its draft
     entropies are the plain model's within float32 rounding."""
-    from rift_ada.budget import make_policy
-    from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate_batch
+    from rift_ada.speculative import speculative_generate_batch
 
     plain = tiny_model("llama", seed=9)
     packed = copy.deepcopy(plain)
@@ -104,26 +103,11 @@ def test_a_onednn_float32_model_runs_a_closed_loop_batch_as_each_request_alone(o
     assert all(
         isinstance(m._rift_packed, packed_linear._PackedWeight) for m in packed.modules() if isinstance(m, PackedLinear)
     )
-    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("snapkv", budget=12, obs_window=8)]
 
-    def requests() -> list[BatchRequest]:
-        prompts = torch.Generator().manual_seed(5)
-        return [
-            BatchRequest(
-                torch.randint(0, 96, (12 + 3 * index,), generator=prompts).tolist(),
-                policies[index % 2],
-                max_new_tokens=24 + index % 5,
-                seed=index,
-                refresh_hook=PeriodicRefresh(6),
-                forced_tokens=torch.randint(0, 96, (26,), generator=prompts).tolist() if index % 3 == 0 else None,
-            )
-            for index in range(20)
-        ]
-
-    alone = [speculative_generate_batch(packed, [request], draft_length=4)[0] for request in requests()]
-    plain_runs = speculative_generate_batch(plain, requests(), draft_length=4, max_batch=20)
+    alone = [speculative_generate_batch(packed, [request], draft_length=4)[0] for request in ragged_forced_requests()]
+    plain_runs = speculative_generate_batch(plain, ragged_forced_requests(), draft_length=4, max_batch=20)
     for max_batch in (16, 20):
-        batched = speculative_generate_batch(packed, requests(), draft_length=4, max_batch=max_batch)
+        batched = speculative_generate_batch(packed, ragged_forced_requests(), draft_length=4, max_batch=max_batch)
         for index, (got, want, plain_run) in enumerate(zip(batched, alone, plain_runs, strict=True)):
             label = f"batch {max_batch} request {index}"
             assert got.tokens == want.tokens, label

@@ -89,3 +89,24 @@ def tiny_model(architecture: str, seed: int = 0) -> torch.nn.Module:
                 if name.endswith("norm.weight"):
                     parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
     return model.eval()
+
+
+def ragged_forced_requests(count: int = 20) -> list:
+    """``count`` ragged closed-loop requests for a tiny model (vocabulary 96): RIFT-stat and SnapKV in turn,
+    periodic refresh every 6 tokens, every third teacher-forced; the same requests at every call."""
+    from rift_ada.budget import make_policy
+    from rift_ada.speculative import BatchRequest, PeriodicRefresh
+
+    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("snapkv", budget=12, obs_window=8)]
+    prompts = torch.Generator().manual_seed(5)
+    return [
+        BatchRequest(
+            torch.randint(0, 96, (12 + 3 * index,), generator=prompts).tolist(),
+            policies[index % 2],
+            max_new_tokens=24 + index % 5,
+            seed=index,
+            refresh_hook=PeriodicRefresh(6),
+            forced_tokens=torch.randint(0, 96, (26,), generator=prompts).tolist() if index % 3 == 0 else None,
+        )
+        for index in range(count)
+    ]
