@@ -26,20 +26,25 @@ stay plain); each packed row count holds about the weights' size again in memory
 On an AMD CPU MKL is the slower kernel: on an AMD EPYC (Zen 4) oneDNN's float32 product from a weight packed
 once ran a pass over SmolLM2-135M's weights 1.75x faster than MKL's packed ones at 16 rows, 1.45x at 32, 1.19x
 at 192 (MKL's packing gained nothing over ``F.linear`` there; at one row oneDNN is 1.16x ``F.linear``),
-with each row's output the same at every row count from 2 (and from 1 for inputs of up to 640 features), at
-most 8e-6 from the float64 product (benchmarks/investigations/float32_kernels.py). So `float32_packing` picks
-by the CPU's vendor: "onednn" on AMD (one packed copy serves every row count), "mkl" elsewhere; the
-environment's `FLOAT32_PACKING_VARIABLE` overrides it. oneDNN's float32 rounding is not ``F.linear``'s, so
-float32 results differ in the last bits between the two kernels (as they do between CPUs); a batch's rows
-still give the tokens of the requests alone (tests/test_onednn_float32_linear.py).
+with each row's output the same at every row count from 2 (and from 1 for inputs of up to 640 features; one
+row runs padded, below), at most 8e-6 from the float64 product (benchmarks/investigations/float32_kernels.py).
+So `float32_packing` picks by the CPU's vendor: "onednn" on AMD (one packed copy serves every row count), "mkl"
+elsewhere; the environment's `FLOAT32_PACKING_VARIABLE` overrides it. oneDNN's float32 rounding is not
+``F.linear``'s, so float32 results differ in the last bits between the two kernels (as they do between CPUs); a
+batch's rows still give the tokens of the requests alone (tests/test_onednn_float32_linear.py).
 
 A bfloat16 product of at most `ROWS_HINT` rows gives each row the bits it gives alone (one row), and a
 larger one does not (SmolLM2's and Gemma3's shapes differ from 33 rows on). Inside `rows_as_alone` (a batch
 of requests' forward, `rift_ada.speculative`) a bfloat16 product of more rows runs in pieces of `ROWS_HINT`,
 so a verification of 32 requests x 12 tokens gives each request the products it gets alone; a prefill (one
 request) keeps the whole product (tests/test_packed_linear.py checks the pieces row for row). That holds for
-oneDNN's AMX kernels (`bfloat16_rows_exact`); its AVX512-BF16 kernels (a CPU without AMX) give some rows of the
-MLP's down projection other bits from 2-6 rows on (docs/notes/2026-12-06-bf16-default-checks.md).
+oneDNN's AMX kernels, and for its AVX512-BF16 ones (a CPU without AMX, as an AMD EPYC Zen 4) once a product of
+fewer than `ONEDNN_MIN_ROWS` rows runs padded with zero rows to that many: oneDNN takes another kernel for one
+row, which rounds some rows of the down projections (1536 and 2048 inputs) otherwise, 4-9 of 64 rows in
+bfloat16 and all 64 in float32, while every count from 2 rows up gives the rows of a 64-row product. Padded,
+each row alone equals its row in a batch in both dtypes, at 0.91-1.30x the time of the rows as they are for one
+to three rows (a pass over SmolLM2's weights on the Zen 4, benchmarks/investigations/small_row_products.py;
+docs/notes/2026-12-07-one-row-kernel.md). `bfloat16_rows_exact` measures this once on the CPU it runs on.
 
 `pack_linear_weights` makes each such Linear a `PackedLinear` that reads the packed copy; its parameters
 and the model's state dict are unchanged. A weight written in place since it was packed
@@ -51,6 +56,7 @@ through ``F.linear`` as before.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -78,6 +84,7 @@ PACKING_VARIABLE = "RIFT_ADA_PACKED_LINEAR"  # "0" turns packing off (a comparis
 FLOAT32_PACKING_VARIABLE = "RIFT_ADA_FLOAT32_PACKING"  # "mkl" or "onednn": overrides `float32_packing`'s rule
 FLOAT32_KERNELS = ("mkl", "onednn")
 ROWS_HINT = 32  # the rows oneDNN packs for (a decode batch's); the outputs measured exact from 1 to 448 rows
+ONEDNN_MIN_ROWS = 4  # a oneDNN product of fewer rows runs padded to this many (same rows, faster)
 MKL_MIN_ROWS = 16  # below it MKL's packed float32 product rounds differently from F.linear's
 MKL_PACK_AFTER = 8  # calls at a row count before it is packed: a one-off shape is not worth a copy
 MKL_ROW_COUNTS = 2  # row counts kept packed per weight (each holds the weight's size again)
@@ -114,15 +121,33 @@ def packing_available() -> bool:
 
 def bfloat16_rows_exact() -> bool:
     """Whether this CPU's packed bfloat16 products give each row of up to `ROWS_HINT` the bits it gets alone, so
-    a bfloat16 batch gives each request what it gives alone: oneDNN on AMX tiles (Intel Xeon, ``amx_bf16``),
-    packing on, and no ``ONEDNN_MAX_CPU_ISA`` cap below AMX. Measured on SmolLM2's and Gemma3's shapes; capped
-    at AVX512_CORE_BF16 on the same Xeon, rows of the down projection differ from 2-6 rows on."""
-    if not packing_available():
-        return False
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
-    if cap != "ALL" and "AMX" not in cap:
-        return False
-    return cpu_has_amx()
+    a bfloat16 batch gives each request what it gives alone: packing on, and `_rows_exact_here` measured once."""
+    return packing_available() and _rows_exact_here()
+
+
+ROWS_EXACT_SHAPES = ((1536, 576), (2048, 640), (576, 1536))  # (in, out): SmolLM2's and Gemma3's down projections
+
+
+@functools.cache
+def _rows_exact_here() -> bool:
+    """On `ROWS_EXACT_SHAPES` (where oneDNN's one-row kernel was seen to round otherwise), seeded random weights
+    and rows: every product of 1 to `ROWS_HINT` rows, and every row alone, equals those rows of the
+    `ROWS_HINT`-row product, through `PackedLinear` (so with its padding)."""
+    generator = torch.Generator().manual_seed(0)
+    for fan_in, fan_out in ROWS_EXACT_SHAPES:
+        layer = torch.nn.Linear(fan_in, fan_out, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(fan_out, fan_in, generator=generator) * fan_in**-0.5)
+        layer = layer.to(torch.bfloat16)
+        pack_linear_weights(layer)
+        x = torch.randn(ROWS_HINT, fan_in, generator=generator).to(torch.bfloat16)
+        with torch.no_grad():
+            batch = layer(x)
+            if not all(torch.equal(layer(x[:rows]), batch[:rows]) for rows in range(1, ROWS_HINT)):
+                return False
+            if not all(torch.equal(layer(x[row : row + 1])[0], batch[row]) for row in range(ROWS_HINT)):
+                return False
+    return True
 
 
 def cpu_has_amx() -> bool:
@@ -236,6 +261,16 @@ class _MklPackedWeights(_FreshWhenCopied):
         return packed
 
 
+def _padded_product(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """oneDNN's product of fewer than `ONEDNN_MIN_ROWS` rows, run on the rows padded with zeros to that many: the
+    kernel oneDNN takes for one row rounds other bits than the one of a batch's rows, and one to three rows run
+    slower than four (module docstring)."""
+    flat = input.reshape(rows, -1)
+    padded = torch.cat([flat, flat.new_zeros(ONEDNN_MIN_ROWS - rows, flat.shape[1])])
+    output = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")
+    return output[:rows].reshape(*input.shape[:-1], -1)
+
+
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd must see this product: the packed ops register no backward, and a gradient through them
     is silently None (a LoRA adapter's frozen base Linear has an input that needs one)."""
@@ -262,6 +297,8 @@ class PackedLinear(torch.nn.Linear):
         if isinstance(packing, _PackedWeight) and packing.dtype == weight.dtype:
             packed = packing.of(weight)
             rows = input.numel() // weight.shape[1]
+            if 0 < rows < ONEDNN_MIN_ROWS:
+                return _padded_product(input, packed, self.bias, rows)
             if rows <= ROWS_HINT or weight.dtype != torch.bfloat16 or not getattr(_pieces, "active", False):
                 return torch.ops.mkldnn._linear_pointwise(input, packed, self.bias, "none", [], "")
             pieces = [

@@ -12,7 +12,7 @@ from tiny_models import VOCAB, tiny_model
 from rift_ada.budget import make_policy
 from rift_ada.controller import Controller, make_controller_dict
 from rift_ada.hooks import ControllerRefresh
-from rift_ada.packed_linear import bfloat16_rows_exact
+from rift_ada.packed_linear import bfloat16_rows_exact, pack_linear_weights
 from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate, speculative_generate_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -223,12 +223,13 @@ def test_bfloat16_batches_equal_each_request_alone(architecture, temperature):
     verification feeds each row its own drafts only, so the 32 ragged requests at batches 16 and 32 give the
     tokens, rounds and refreshes of the requests alone (the padded batch gave 1-2 of 32 other tokens on the
     llama and Gemma3; benchmarks/investigations/bf16_batch_identity.py). On the llama every stride's signals
-    are equal too where bf16 products are row-exact (`bfloat16_rows_exact`: AMX); on a CPU without AMX (an AMD
-    EPYC, Zen 4) the llama's query drift, entropy and retained mass differ in the fourth to seventh digit while
-    its tokens, rounds and refreshes do not; on Gemma3 and gpt-oss (attention sinks, experts) they differ in the
-    fifth digit on AMX too (a kernel not yet pinned down). Within 1e-3 in all these. gpt_oss: the probabilities
-    path."""
+    are equal too where the packed bf16 products are row-exact (`bfloat16_rows_exact`; the model is packed as
+    `load_model` packs it; unpacked, on an AMD EPYC without AMX, the llama's query drift, entropy and retained
+    mass differed in the fourth to seventh digit while its tokens, rounds and refreshes did not); on Gemma3 and
+    gpt-oss (attention sinks, experts) they differed in the fifth digit on AMX, unpacked (a kernel not yet
+    pinned down). Within 1e-3 in all these. gpt_oss: the probabilities path."""
     model = tiny_model(architecture, seed=9).to(torch.bfloat16)
+    pack_linear_weights(model)
     within = 0.0 if architecture == "llama" and bfloat16_rows_exact() else 1e-3
     _assert_batches_equal_each_request_alone(model, temperature, signals_within=within)
 

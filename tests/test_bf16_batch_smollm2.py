@@ -18,7 +18,7 @@ from rift_ada.speculative import BatchRequest, speculative_generate_batch
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.skipif(not bfloat16_rows_exact(), reason="oneDNN's bf16 rows are measured exact on AMX only"),
+    pytest.mark.skipif(not bfloat16_rows_exact(), reason="this CPU's packed bf16 rows are not exact"),
 ]
 
 

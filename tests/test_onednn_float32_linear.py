@@ -73,6 +73,23 @@ def test_a_onednn_float32_linear_is_the_product_within_float32_rounding(onednn_k
 
 
 @needs_onednn
+@pytest.mark.parametrize(("fan_in", "fan_out"), [(1536, 576), (2048, 640)])
+def test_every_onednn_float32_row_count_gives_each_row_its_bits_in_a_larger_product(onednn_kernel, fan_in, fan_out):
+    """The down projections, where oneDNN's one-row float32 kernel rounds every row otherwise (64 of 64 rows on an
+    AMD EPYC): a product of 1 to 48 rows, and each row alone, gives the rows of the 48-row product bit for bit."""
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(fan_in, fan_out)
+    pack_linear_weights(layer)
+    x = torch.randn(48, fan_in)
+    with torch.no_grad():
+        batch = layer(x)
+        for rows in range(1, 48):
+            assert torch.equal(layer(x[:rows]), batch[:rows]), f"{rows} rows"
+        for row in range(48):
+            assert torch.equal(layer(x[row])[None], batch[row : row + 1]), f"row {row} alone"  # a 1-D input too
+
+
+@needs_onednn
 def test_a_rewritten_or_copied_onednn_float32_weight_is_packed_again(onednn_kernel):
     torch.manual_seed(1)
     layer = torch.nn.Linear(64, 48)

@@ -1,5 +1,6 @@
-"""bfloat16 Linear layers packed for oneDNN (`rift_ada.packed_linear`): same products, rows independent, and
-the plain path wherever the packed copy would be wrong (autograd, a rewritten weight, another dtype)."""
+"""bfloat16 Linear layers packed for oneDNN (`rift_ada.packed_linear`): same products, each row's bits the same at
+every row count, and the plain path wherever the packed copy would be wrong (autograd, a rewritten weight, another
+dtype)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
+from rift_ada import packed_linear
 from rift_ada.packed_linear import (
     PACKING_VARIABLE,
     PackedLinear,
@@ -125,7 +127,7 @@ def test_a_compiled_packed_linear_traces_the_plain_product():
         torch.testing.assert_close(compiled(x), layer(x), rtol=2**-8, atol=1e-2)
 
 
-@pytest.mark.skipif(not bfloat16_rows_exact(), reason="oneDNN's bf16 rows are measured exact on AMX only")
+@pytest.mark.skipif(not bfloat16_rows_exact(), reason="this CPU's packed bf16 rows are not exact")
 @pytest.mark.parametrize(("fan_in", "fan_out"), [(576, 1536), (1536, 576), (640, 2048)])
 def test_inside_rows_as_alone_each_row_of_a_long_product_has_its_bits_alone(fan_in, fan_out):
     """SmolLM2's MLP and Gemma3's shapes: a product of more than `ROWS_HINT` rows (a batch's verification) runs
@@ -143,22 +145,42 @@ def test_inside_rows_as_alone_each_row_of_a_long_product_has_its_bits_alone(fan_
         torch.testing.assert_close(got[0].double(), _reference(layer, x), rtol=2**-8, atol=2e-2)
 
 
-@pytest.mark.parametrize(
-    ("amx", "isa_cap", "packing", "exact"),
-    [
-        (True, None, "1", True),
-        (True, "AVX10_1_512_AMX", "1", True),
-        (False, None, "1", False),  # AVX512-BF16 without AMX: rows of the down projection differ from 2-6 rows on
-        (True, "AVX512_CORE_BF16", "1", False),  # oneDNN told not to use AMX
-        (True, None, "0", False),  # packing off: unpacked products differ from 1 row on
-    ],
-)
-def test_bfloat16_rows_are_exact_on_amx_with_packing_only(monkeypatch, amx, isa_cap, packing, exact):
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    if isa_cap is None:
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    else:
-        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
-    monkeypatch.setenv(PACKING_VARIABLE, packing)
-    assert bfloat16_rows_exact() is exact
+@pytest.mark.parametrize(("fan_in", "fan_out"), [(1536, 576), (2048, 640), (576, 49152)])
+def test_every_row_count_gives_each_row_its_bits_in_a_larger_product(fan_in, fan_out):
+    """SmolLM2's and Gemma3's down projections, where oneDNN's one-row kernel rounds some rows otherwise (5 and 9
+    of 64 rows on an AMD EPYC without AMX), and SmolLM2's lm_head: a product of 1 to 48 rows, and each row alone,
+    gives the rows of the 48-row product bit for bit (one to three rows run padded to `ONEDNN_MIN_ROWS`)."""
+    layer = _linear(fan_in, fan_out, seed=3)
+    pack_linear_weights(layer)
+    x = torch.randn(48, fan_in, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with torch.no_grad():
+        batch = layer(x)
+        for rows in range(1, 48):
+            assert torch.equal(layer(x[:rows]), batch[:rows]), f"{rows} rows"
+        for row in range(48):
+            assert torch.equal(layer(x[row : row + 1].reshape(1, 1, fan_in))[0, 0], batch[row]), f"row {row} alone"
+    torch.testing.assert_close(batch.double(), _reference(layer, x), rtol=2**-8, atol=2e-2)
+
+
+def test_bfloat16_rows_are_exact_here_with_packing_and_not_without(monkeypatch):
+    """The measured check holds on this CPU (the claim the row-exact batch tests rest on), and packing turned off
+    makes it False (unpacked products differ from one row on)."""
+    assert bfloat16_rows_exact()
+    monkeypatch.setenv(PACKING_VARIABLE, "0")
+    assert not bfloat16_rows_exact()
+
+
+def test_the_rows_exact_check_fails_where_one_row_rounds_otherwise(monkeypatch):
+    """A kernel whose one-row product is off by a bf16 ulp somewhere: the measurement says so."""
+    real_forward = PackedLinear.forward
+
+    def one_row_off(self, input):
+        output = real_forward(self, input)
+        return output * (1 + 2**-7) if input.numel() == input.shape[-1] else output
+
+    monkeypatch.setattr(PackedLinear, "forward", one_row_off)
+    packed_linear._rows_exact_here.cache_clear()
+    try:
+        assert not packed_linear._rows_exact_here()
+    finally:
+        packed_linear._rows_exact_here.cache_clear()

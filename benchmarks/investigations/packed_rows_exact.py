@@ -2,8 +2,10 @@
 
 For each Linear shape of SmolLM2-135M and Gemma3-270M (the lm_head included), a weight packed as
 `rift_ada.packed_linear` packs it, 48 random rows: the row counts M (1-48) at which some row of an M-row product
-differs from the same row computed alone (M = 1). A batch gives each request what it gives alone only where no
-M up to `ROWS_HINT` (32) is listed (products of more rows run in 32-row pieces inside a batch's forward).
+differs from the same row computed alone (M = 1), through `PackedLinear` (so one to three rows run padded to
+`ONEDNN_MIN_ROWS`; small_row_products.py compares with and without). A batch gives each request what it gives
+alone only where no M up to `ROWS_HINT` (32) is listed (products of more rows run in 32-row pieces inside a
+batch's forward).
 Run it under ``ONEDNN_MAX_CPU_ISA`` to see another CPU's kernels on this one (AVX512_CORE_BF16: a CPU with
 AVX512-BF16 but no AMX, as an AMD Zen 4; ``ONEDNN_VERBOSE=1`` names the kernel taken).
 
