@@ -41,6 +41,13 @@ forward of b tokens over the full context. ``%mem`` and ``%gemm`` are the measur
 floor's rate; the larger names the bound that stops the stage. Both machine figures are the best of many
 tries, before and after the cells (other jobs on a shared machine only slow some tries).
 
+With ``--against``, each stage also prints its goal line: issue 28's goal (`GOALS`: closed loop 4x, probe 2x,
+targets 3x the old code's end-to-end rate at its batch) as a rate, the share of the binding decode floor that
+the new code's fastest batch would need to reach it with the prefill seconds it measured, the share it reaches
+now, and the most that floor allows with those prefills (`goal_bound`). A goal that needs more than 100 % is
+out of reach of decode work at that batch and dtype; "prefills alone exceed it" means the prompts' forwards
+take longer than the goal allows for the whole stage.
+
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
 /proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
 far"), so it includes the loaded model and what earlier cells left live in the worker, shown as
@@ -71,6 +78,7 @@ import torch
 
 STAGES = ("closed", "probe", "targets")
 DRAFT_LENGTH = 11
+GOALS = {"closed": 4.0, "probe": 2.0, "targets": 3.0}  # issue 28: new tok/s over the old default's, end to end
 
 
 def probe_difference(new: list[list[float]], old: list[list[float]]) -> str:
@@ -178,6 +186,39 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
     memory = sum(p[0] for p in parts) / bandwidth
     compute = sum(p[1] for p in parts) / gemm
     return {"memory_tok_s": committed / memory, "compute_tok_s": committed / compute}
+
+
+def goal_bound(goal_tok_s: float, tokens: float, prefill_s: float, floor_tok_s: float) -> dict[str, float]:
+    """What a goal rate (end to end, prefills included) asks of a cell's decode: the decode rate it needs given
+    the cell's measured prefill seconds (inf where the prefills alone take longer than the goal allows), that
+    rate as a fraction of the decode floor's rate, and the end-to-end rate at the floor with those prefills."""
+    decode_budget_s = tokens / goal_tok_s - prefill_s
+    needed = tokens / decode_budget_s if decode_budget_s > 0 else float("inf")
+    return {
+        "needed_decode_tok_s": needed,
+        "floor_fraction": needed / floor_tok_s,
+        "at_floor_tok_s": tokens / (prefill_s + tokens / floor_tok_s),
+    }
+
+
+def goal_line(stage: str, rows: list[dict[str, Any]], old_tok_s: float, old_batch: int) -> str:
+    """One line per stage: its goal (`GOALS`) against the old code's rate, at the new code's fastest batch: the
+    share of the binding decode floor it needs, the share measured now, and the most the floor allows."""
+    best = max(rows, key=lambda row: row["tok_s"])
+    floor = min(best["memory_tok_s"], best["compute_tok_s"])
+    bound = "compute" if best["compute_tok_s"] <= best["memory_tok_s"] else "memory"
+    goal = GOALS[stage]
+    need = goal_bound(goal * old_tok_s, best["tokens"], best["prefill_s"], floor)
+    needs = (
+        "prefills alone exceed it"
+        if need["needed_decode_tok_s"] == float("inf")
+        else f"needs decode at {100 * need['floor_fraction']:.0f}% of the {bound} floor"
+    )
+    return (
+        f"  {stage} goal {goal:.0f}x old at {old_batch} = {goal * old_tok_s:.1f} tok/s: at batch {best['batch']} "
+        f"{needs} (now {100 * best['decode_tok_s'] / floor:.0f}%, {best['tok_s'] / old_tok_s:.2f}x); "
+        f"at that floor with these prefills at most {need['at_floor_tok_s'] / old_tok_s:.2f}x"
+    )
 
 
 def cell_memory(stage: str, batch: int, costs: dict[str, float], isl: int, tokens: int, arms: int) -> float:
@@ -678,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
                     "peak_rss_gib": max(c["peak_rss_gib"] for c in mine), "start_rss_gib": mine[0]["start_rss_gib"],
                     "peak_rss_scope": mine[0]["peak_rss_scope"], "mean_context": mine[0]["mean_context"],
                     "arms": mine[0].get("arms"), "worker_pids": [c["worker_pid"] for c in mine],
+                    "prefill_s": prefill_s,
                 }  # fmt: skip
                 summary.append(row)
                 values = (
@@ -706,6 +748,9 @@ def main(argv: list[str] | None = None) -> int:
                 if stage == "probe" and not same and (stage, batch, "new") in result:
                     detail = probe_difference(result[(stage, batch, "new")], result[(stage, batch, "old")])
                 print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}{detail}")
+                mine = [r for r in summary if r["stage"] == stage and r["code"] == "new"]
+                if mine and not args.no_prefill_timing:
+                    print(goal_line(stage, mine, rate[(stage, batch, "old")], batch))
     if profile:
         groups = profile["groups"]
         total = profile["wall"]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_throughput.py"
 
 
@@ -103,3 +105,24 @@ def test_a_probe_difference_says_whether_outcomes_or_only_entropies_moved():
         " (outcome sums differ in 0 of 2 requests, entropy sums by 1.0e-06 rel. at most)"
     )
     assert "differ in 1 of 2" in bench.probe_difference([[40.0, 100.0], [36.0, 200.0]], old)
+
+
+def test_a_goal_says_what_share_of_the_decode_floor_it_needs_and_what_the_floor_allows():
+    bench = load_bench()
+    # 2,048 tokens after 10 s of prefills; a goal of 50 tok/s leaves 2048 / 50 - 10 = 30.96 s for decode
+    bound = bench.goal_bound(50.0, 2048, 10.0, 100.0)
+    assert bound["needed_decode_tok_s"] == pytest.approx(2048 / 30.96)
+    assert bound["floor_fraction"] == pytest.approx(2048 / 30.96 / 100)
+    assert bound["at_floor_tok_s"] == pytest.approx(2048 / (10 + 20.48))
+    assert bench.goal_bound(300.0, 2048, 10.0, 100.0)["needed_decode_tok_s"] == float("inf")  # 6.8 s < 10 s
+
+    rows = [
+        {"batch": 8, "tok_s": 40.0, "decode_tok_s": 45.0, "tokens": 1024, "prefill_s": 5.0,
+         "memory_tok_s": 900.0, "compute_tok_s": 100.0},
+        {"batch": 16, "tok_s": 45.0, "decode_tok_s": 50.0, "tokens": 2048, "prefill_s": 10.0,
+         "memory_tok_s": 400.0, "compute_tok_s": 100.0},
+    ]  # fmt: skip
+    line = bench.goal_line("closed", rows, old_tok_s=12.5, old_batch=8)  # the goal: 4 x 12.5 = 50 tok/s
+    assert line.startswith("  closed goal 4x old at 8 = 50.0 tok/s: at batch 16 needs decode at 66% of the compute")
+    assert "(now 50%, 3.60x)" in line and f"at most {2048 / 30.48 / 12.5:.2f}x" in line
+    assert "prefills alone exceed it" in bench.goal_line("targets", rows, old_tok_s=100.0, old_batch=8)
