@@ -350,7 +350,8 @@ def _cpu_has_amx() -> bool:
 def _sdpa_is_slow(query: torch.Tensor) -> bool:
     """One query per row in bf16 / fp16 on a CPU without AMX: there torch's SDPA was 7-8x slower than this module's
     `_single_query_attention` (an AMD Zen 4 with avx512_bf16; at 8-12 queries the two are within 0.85-1.2x, so
-    those keep SDPA; benchmarks/investigations/bf16_kernels.py). With AMX (an Intel Xeon with amx_bf16) SDPA is
+    those keep SDPA; benchmarks/investigations/bf16_kernels.py; a decode step over a full cache of 500-2,000 keys
+    of SmolLM2's shape: 4-10x, docs/notes/2026-12-07-one-row-kernel.md). With AMX (an Intel Xeon with amx_bf16) SDPA is
     1.25-2.9x faster than `_single_query_attention` on a draft step's ring and a long masked full cache, at about
     a quarter of its mean error (benchmarks/investigations/single_query_attention.py), so it keeps SDPA. Other
     devices keep SDPA (fused kernels)."""
@@ -454,7 +455,8 @@ def note_attention(
 ) -> torch.Tensor:
     """One request's attention as its note describes it (the queries already recorded); returns (b, q, h, d).
     Full rows without probabilities to observe take SDPA with the causal band (`rows_attend_alone` dtypes: alone
-    and in a batch alike; float32 requests alone take the model's own attention function instead)."""
+    and in a batch alike; float32 requests alone take the model's own attention function instead), or, for one
+    query where `_sdpa_is_slow`, `_single_query_attention`, as the budgeted rows do."""
     layer = pending.layer
     n_queries = query.shape[2]
     group = query.shape[1] // key.shape[1]
@@ -475,6 +477,8 @@ def note_attention(
         every_key = n_queries == 1 and pending.first_position + 1 == n_keys  # a decode step sees all it stored
         masked = not (square or every_key)
         mask = causal_visibility(pending.first_position, n_queries, n_keys, key.device) if masked else None
+        if _sdpa_is_slow(query):  # a decode step over the full cache (target generation, a full-KV draft)
+            return _single_query_attention(query, key, value, scaling, None if mask is None else mask[:, :, None])
         return _sdpa(query, key, value, mask, scaling, is_causal=square and n_queries > 1)
     if pending.full:
         visible = causal_visibility(pending.first_position, n_queries, key.shape[2], key.device)[:, :, None]

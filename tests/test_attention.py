@@ -152,6 +152,37 @@ def test_reduced_precision_full_rows_of_a_batch_attend_as_each_row_alone(dtype):
     torch.testing.assert_close(got[0].double(), _dense(q[0], k[0], v[0], causal), atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_full_decode_step_takes_the_single_query_path_where_sdpa_is_slow(dtype, single_query_path):
+    """Target generation's decode step: one query over every stored key, and one that sees only the first 41 of
+    64 stored keys; then a batch of three such rows over ragged caches, each row bit for bit the row alone.
+    Within the dtype's rounding of a dense causal reference on either path."""
+    path, taken = single_query_path
+    for first, size in ((63, 64), (40, 64)):
+        query, key, value = _tensors(2, 1, size, dtype, seed=first)
+        got = budgeted_attention(
+            torch.nn.Module(), query, key, value, PendingAttention(_Layer(), first, 1, True), SCALING
+        )
+        visible = torch.arange(size)[None, :] <= first
+        for row in range(2):
+            reference = _dense(query[row], key[row], value[row], visible)
+            torch.testing.assert_close(got[row].double(), reference, atol=TOLERANCE[dtype], rtol=0)
+    assert len(taken) == (0 if path == "sdpa" else 2)
+    sizes = [70, 41, 93]
+    notes = [PendingAttention(_Layer(), size - 1, 1, True) for size in sizes]
+    pending = BatchPending(_Layer(), notes, [1, 1, 1], sizes, n_new=1)
+    query, key, value = _tensors(3, 1, max(sizes), dtype, seed=17)
+    got = batched_attention(torch.nn.Module(), query, key, value, pending, SCALING)
+    for row, (note, size) in enumerate(zip(notes, sizes, strict=True)):
+        rows = slice(row, row + 1)
+        alone = budgeted_attention(
+            torch.nn.Module(), query[rows], key[rows, :, :size], value[rows, :, :size], note, SCALING
+        )
+        assert torch.equal(got[rows], alone), f"row {row}"
+        reference = _dense(query[row], key[row, :, :size], value[row, :, :size], torch.ones(1, size, dtype=torch.bool))
+        torch.testing.assert_close(got[row].double(), reference, atol=TOLERANCE[dtype], rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_head_validity", [False, True])
 def test_sdpa_mask_gives_sdpa_the_boolean_masks_result_bit_for_bit(dtype, per_head_validity):
