@@ -41,12 +41,12 @@ forward of b tokens over the full context. ``%mem`` and ``%gemm`` are the measur
 floor's rate; the larger names the bound that stops the stage. Both machine figures are the best of many
 tries, before and after the cells (other jobs on a shared machine only slow some tries).
 
-With ``--against``, each stage also prints its goal line: issue 28's goal (`GOALS`: closed loop 4x, probe 2x,
-targets 3x the old code's end-to-end rate at its batch) as a rate, the share of the binding decode floor that
-the new code's fastest batch would need to reach it with the prefill seconds it measured, the share it reaches
-now, and the most that floor allows with those prefills (`goal_bound`). A goal that needs more than 100 % is
-out of reach of decode work at that batch and dtype; "prefills alone exceed it" means the prompts' forwards
-take longer than the goal allows for the whole stage.
+With ``--against`` the baseline and ``--goals``, each stage also prints its goal line: issue 28's goal (`GOALS`:
+closed loop 4x, probe 2x, targets 3x the old code's end-to-end rate at its batch) as a rate, the share of the
+binding decode floor that the new code's fastest batch would need to reach it with the prefill seconds it
+measured, the share it reaches now, and the most that floor allows with those prefills (`goal_bound`). A goal that
+needs more than 100 % is out of reach of decode work at that batch and dtype; "prefills alone exceed it" means the
+prompts' forwards take longer than the goal allows for the whole stage.
 
 Memory: ``peak GiB`` is the cell's own peak RSS (the worker resets its VmHWM through
 /proc/self/clear_refs before each cell; where it cannot, the JSON's ``peak_rss_scope`` says "worker so
@@ -572,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prefill-timing", action="store_true", help="decode = tok/s (saves a prefill per request)")
     parser.add_argument("--against-batches", help="batches the --against code runs (default: every one)")
     parser.add_argument(
+        "--goals", action="store_true", help="with --against the baseline: each stage's goal line (GOALS, goal_bound)"
+    )
+    parser.add_argument(
         "--against-dtype", help="the --against code's model dtype (default: --dtype): old code beside new at another"
     )
     parser.add_argument("--make-tree", nargs=2, metavar=("COMMIT", "DIR"), help="write a package tree and exit")
@@ -749,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                     detail = probe_difference(result[(stage, batch, "new")], result[(stage, batch, "old")])
                 print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}{detail}")
                 mine = [r for r in summary if r["stage"] == stage and r["code"] == "new"]
-                if mine and not args.no_prefill_timing:
+                if args.goals and mine and not args.no_prefill_timing:
                     print(goal_line(stage, mine, rate[(stage, batch, "old")], batch))
     if profile:
         groups = profile["groups"]

@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{policy}: {n} rounds, actual mean round AL {row['al'].mean():.3f}, predicted (replay's mix) "
             f"{row['mix'].mean():.3f} ({100 * (row['mix'].mean() / row['al'].mean() - 1):+.1f} %)"
         )
+        if policy == "stat":  # one arm, no mix: at T = 0 the prediction is exact where replay is
+            differ = np.flatnonzero(row["al"] != row["younger"])
+            print(f"  rounds whose AL differs from the stat arm's prediction: {len(differ)} of {n}")
         print(f"  {'age band':<12} {'rounds':>6} {'actual':>7} {'younger':>8} {'older':>7} {'mix':>7} {'mix-act':>8}")
         for low, high in zip(edges[:-1], edges[1:], strict=True):
             band = (row["age"] >= low) & (row["age"] < high)
