@@ -751,9 +751,10 @@ def main(argv: list[str] | None = None) -> int:
                 if stage == "probe" and not same and (stage, batch, "new") in result:
                     detail = probe_difference(result[(stage, batch, "new")], result[(stage, batch, "old")])
                 print(f"  {stage}: {ratios}; same results as old at batch {batch}: {same}{detail}")
-                mine = [r for r in summary if r["stage"] == stage and r["code"] == "new"]
-                if args.goals and mine and not args.no_prefill_timing:
-                    print(goal_line(stage, mine, rate[(stage, batch, "old")], batch))
+                if args.goals and not args.no_prefill_timing:
+                    new_rows = [r for r in summary if r["stage"] == stage and r["code"] == "new"]
+                    if new_rows:
+                        print(goal_line(stage, new_rows, rate[(stage, batch, "old")], batch))
     if profile:
         groups = profile["groups"]
         total = profile["wall"]
