@@ -221,6 +221,27 @@ def goal_line(stage: str, rows: list[dict[str, Any]], old_tok_s: float, old_batc
     )
 
 
+def paired_ratios(cells: list[dict[str, Any]], stage: str, new_batch: int, old_batch: int, clock: str) -> list[float]:
+    """The new code's rate at ``new_batch`` over the old code's at ``old_batch``, one ratio per repeat that ran both
+    (the two cells of a repeat run back to back, so each ratio shares that stretch's load)."""
+    def rates(code: str, batch: int) -> dict[int, float]:
+        return {
+            cell["repeat"]: cell["tokens"] / cell[clock]
+            for cell in cells
+            if cell["stage"] == stage and cell["batch"] == batch and cell["code"] == code
+        }
+
+    new, old = rates("new", new_batch), rates("old", old_batch)
+    return [new[repeat] / old[repeat] for repeat in sorted(new.keys() & old.keys())]
+
+
+def repeat_spread(ratios: list[float]) -> str:
+    """`` (median, lowest-highest of N repeats)`` for two or more paired ratios; nothing for fewer."""
+    if len(ratios) < 2:
+        return ""
+    return f" (per repeat {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)})"
+
+
 def cell_memory(stage: str, batch: int, costs: dict[str, float], isl: int, tokens: int, arms: int) -> float:
     """Bytes a cell holds beyond the loaded model (an estimate): the KV histories of its ``batch`` requests
     (closed loop: draft + target cache; probe: the canonical cache + one per compressed arm; targets: one), each
@@ -665,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"[cell] {stage} batch {batch} {name}: {died}", file=sys.stderr, flush=True)
                         workers[name] = fresh(workers[name], responses)
                         continue
-                    cell["code"] = name
+                    cell["code"], cell["repeat"] = name, repeat
                     cells.append(cell)
                     rate, cpu_rate = cell["tokens"] / cell["seconds"], cell["tokens"] / cell["cpu_seconds"]
                     line = f"[cell] {stage} batch {batch} {name}: {rate:.1f} tok/s, {cpu_rate:.1f} tok/CPU-s"
@@ -744,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
                 same = result.get((stage, batch, "new")) == result[(stage, batch, "old")]
                 ratios = ", ".join(
                     f"new {b} / old {batch} {rate[(stage, b, 'new')] / rate[(stage, batch, 'old')]:.2f}x"
+                    + repeat_spread(paired_ratios(cells, stage, b, batch, clock))
                     for b in args.batches
                     if (stage, b, "new") in rate
                 )

@@ -126,3 +126,18 @@ def test_a_goal_says_what_share_of_the_decode_floor_it_needs_and_what_the_floor_
     assert line.startswith("  closed goal 4x old at 8 = 50.0 tok/s: at batch 16 needs decode at 66% of the compute")
     assert "(now 50%, 3.60x)" in line and f"at most {2048 / 30.48 / 12.5:.2f}x" in line
     assert "prefills alone exceed it" in bench.goal_line("targets", rows, old_tok_s=100.0, old_batch=8)
+
+
+def test_paired_ratios_pair_each_repeat_s_new_cell_with_its_old_cell():
+    bench = load_bench()
+
+    def cell(code, batch, repeat, seconds):
+        return {"stage": "closed", "code": code, "batch": batch, "repeat": repeat, "tokens": 100,
+                "cpu_seconds": seconds}  # fmt: skip
+
+    cells = [cell("new", 16, 0, 10.0), cell("old", 8, 0, 40.0), cell("old", 8, 1, 30.0), cell("new", 16, 1, 20.0),
+             cell("new", 16, 2, 10.0)]  # repeat 2's old cell died: no pair  # fmt: skip
+    ratios = bench.paired_ratios(cells, "closed", 16, 8, "cpu_seconds")
+    assert ratios == [4.0, 1.5]  # not the ratio of medians (10/35 -> 3.5x)
+    assert bench.repeat_spread(ratios) == " (per repeat 2.75x, 1.50-4.00x over 2)"
+    assert bench.repeat_spread(ratios[:1]) == ""
