@@ -51,7 +51,10 @@ DeviceMapOption = Annotated[
 ]
 DtypeOption = Annotated[
     Literal["float32", "bfloat16", "float16"] | None,
-    typer.Option(help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). Recorded in the manifest."),
+    typer.Option(
+        help="Model dtype (default: float32 on CPU, bfloat16 elsewhere). On a CPU, bfloat16 runs faster but replay "
+        "then misses the closed loop by a few % (docs/performance.md). Recorded in the manifest."
+    ),
 ]
 BatchSizeOption = Annotated[
     int | None,

@@ -82,7 +82,13 @@ def bench(
     scorer: ScorerOption = DEFAULT_SCORER,
     seed: Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Seed of every random choice (in bench.json).")] = 0,
     device: Annotated[str, typer.Option(help="torch device (cuda on a GPU machine).")] = "cpu",
-    dtype: Annotated[str | None, typer.Option(help="float32 (CPU default) or bfloat16.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="float32 (CPU default) or bfloat16: faster on a CPU, but replay then misses the closed loop by a "
+            "few % (docs/performance.md)."
+        ),
+    ] = None,
     results: Annotated[Path | None, typer.Option(help="Also write this results page (e.g. docs/results.md).")] = None,
     export_controllers: Annotated[
         Path | None,
