@@ -16,6 +16,12 @@ with joint probability min(p, q)(x), so given x it accepts with min(p, q)(x) / p
 of every other position. On a response sampled from the target, teacher-forced rounds are
 therefore distributed as free-running ones. Either way the committed text is the response, so
 runs of different policies see the same tokens.
+
+A teacher-forced row therefore needs nothing from a round's verification: at T = 0 its acceptance is the
+match against the response, and at T > 0 it reads p_target(x) of each response token, which depends on the
+response alone. So a forced row's p_target(x) is computed once, in one pass of the target over the response
+when the row starts (`target_token_probs`; none at T = 0), and a batch whose rows are all forced holds no target
+cache and runs no verification forward (a third of a round's time at 16 rows on a CPU).
 """
 
 from __future__ import annotations
@@ -227,6 +233,7 @@ class _Row:
     cache_length: int
     index: int = 0  # the request's position in the batch call's ``requests``
     since_refresh: int = 0
+    target_probs: torch.Tensor | None = None  # teacher-forced at T > 0: p_target of each response token
 
     @property
     def output(self) -> list[int]:
@@ -263,17 +270,12 @@ def _check_request(request: BatchRequest, index: int, draft_length: int) -> None
         raise ValueError(f"draft_length must be >= 1, got {draft_length}")
 
 
-def _start_row(
-    draft_model: Any, target: Any, request: BatchRequest, device: torch.device, index: int = 0, draft_length: int = 11
-) -> tuple[_Row, Any, Any]:
-    """Prefill one request alone (exactly as a single run does); its caches join the batch after."""
+def _prefilled_target_cache(
+    draft_model: Any, target: Any, draft_cache: BudgetedCache, request: BatchRequest, positions: int
+) -> BudgetedCache:
+    """A full-KV target cache holding ``request``'s prompt but its last token (the draft's prefill, copied, in
+    self-speculation), for ``positions`` positions."""
     prompt = request.prompt_ids
-    limit = len(request.forced_tokens) if request.forced_tokens is not None else request.max_new_tokens
-    positions = len(prompt) + limit + draft_length + 1  # the most a round's verification ever stores
-    draft_cache = row_cache(draft_model, request.policy)
-    draft_cache.expect_positions(positions)
-    forward_tokens(draft_model, prompt[:-1], draft_cache, 0, logits=False)
-    draft_cache.query_summary()  # query summaries cover the output only
     if target is draft_model:  # self-speculation: the draft's prefill (full attention) is the target's
         target_cache = full_copy(draft_cache, target)
     else:
@@ -283,6 +285,58 @@ def _start_row(
     for layer in target_cache.layers:  # nothing reads a target's query summaries
         if isinstance(layer, BudgetedLayer):
             layer.keeps_queries = False
+    return target_cache
+
+
+TARGET_PASS_CHUNK = 64  # response tokens per forward of `target_token_probs` (bounds its logits' memory)
+
+
+def target_token_probs(
+    target: Any, cache: Any, prompt: list[int], response: list[int], temperature: float
+) -> torch.Tensor:
+    """p_target(response[j] | prompt, response[:j]) at ``temperature`` for every j, float32: the target's pass over
+    the response in ``cache`` (holding the prompt but its last token), ``TARGET_PASS_CHUNK`` tokens a forward.
+    What a teacher-forced round reads from the target; the rounds' verifications computed the same values over
+    other chunks (so other last bits)."""
+    feed = [prompt[-1], *response[:-1]]
+    start = len(prompt) - 1
+    probs = []
+    for offset in range(0, len(feed), TARGET_PASS_CHUNK):
+        chunk = feed[offset : offset + TARGET_PASS_CHUNK]
+        logits = forward_tokens(target, chunk, cache, start + offset)
+        tokens = torch.tensor(response[offset : offset + len(chunk)], device=logits.device)
+        probs.append(_probs(logits, temperature).gather(-1, tokens[:, None])[:, 0])
+    return torch.cat(probs) if probs else torch.zeros(0)
+
+
+def _start_row(
+    draft_model: Any,
+    target: Any,
+    request: BatchRequest,
+    device: torch.device,
+    index: int = 0,
+    draft_length: int = 11,
+    *,
+    temperature: float = 0.0,
+    verifies: bool = True,
+) -> tuple[_Row, Any, Any]:
+    """Prefill one request alone (exactly as a single run does); its caches join the batch after. A teacher-forced
+    request at T > 0 also gets its response's target probabilities (`target_token_probs`). ``verifies=False`` (a
+    batch of teacher-forced rows only): no target cache (None)."""
+    prompt = request.prompt_ids
+    forced = request.forced_tokens
+    limit = len(forced) if forced is not None else request.max_new_tokens
+    positions = len(prompt) + limit + draft_length + 1  # the most a round's verification ever stores
+    draft_cache = row_cache(draft_model, request.policy)
+    draft_cache.expect_positions(positions)
+    forward_tokens(draft_model, prompt[:-1], draft_cache, 0, logits=False)
+    draft_cache.query_summary()  # query summaries cover the output only
+    target_probs = None
+    if forced is not None and temperature > 0:
+        scratch = _prefilled_target_cache(draft_model, target, draft_cache, request, positions)
+        target_probs = target_token_probs(target, scratch, prompt, forced, temperature)
+        del scratch
+    target_cache = _prefilled_target_cache(draft_model, target, draft_cache, request, positions) if verifies else None
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
@@ -295,6 +349,7 @@ def _start_row(
         prompt[-1],
         len(prompt) - 1,
         index,
+        target_probs=target_probs,
     )
     return row, draft_cache, target_cache
 
@@ -336,20 +391,33 @@ def speculative_generate_batch(
     waiting = iter(range(len(requests)))
     active: list[_Row] = []
     draft_cache = target_cache = None
+    verifies = any(request.forced_tokens is None for request in requests)  # else no round reads the target
     while True:
         joining = list(itertools.islice(waiting, slots - len(active)))
         if joining:
             started = [
-                _start_row(draft_model, target, requests[index], device, index, draft_length) for index in joining
+                _start_row(
+                    draft_model,
+                    target,
+                    requests[index],
+                    device,
+                    index,
+                    draft_length,
+                    temperature=temperature,
+                    verifies=verifies,
+                )
+                for index in joining
             ]
             for row, _, _ in started:
                 results[row.index] = row.result
             if active:
                 draft_cache.add_rows([cache for _, cache, _ in started])
-                target_cache.add_rows([cache for _, _, cache in started])
+                if verifies:
+                    target_cache.add_rows([cache for _, _, cache in started])
             else:
                 draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
-                target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
+                if verifies:
+                    target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
             active += [row for row, _, _ in started]
             del started
         if not active:
@@ -367,7 +435,8 @@ def speculative_generate_batch(
             active = [active[index] for index in keep]
             if active:
                 draft_cache.keep_rows(keep)
-                target_cache.keep_rows(keep)
+                if target_cache is not None:
+                    target_cache.keep_rows(keep)
     return results  # type: ignore[return-value]
 
 
@@ -462,13 +531,14 @@ def _round(
     draft_model: Any,
     target: Any,
     draft_cache: BatchedCache,
-    target_cache: BatchedCache,
+    target_cache: BatchedCache | None,
     active: list[_Row],
     draft_length: int,
     temperature: float,
     eos_token_id: int | None,
 ) -> list[bool]:
-    """One draft/verify round of every active row; returns which rows finished."""
+    """One draft/verify round of every active row; returns which rows finished. ``target_cache`` None: every row is
+    teacher-forced, so no verification forward runs (a forced row never reads it)."""
     steps = [min(draft_length, row.limit - len(row.output)) for row in active]
     crops = [draft_cache.rolls_back_by_crop(index) for index in range(len(active))]
     draft_state = None if all(crops) else draft_cache.snapshot()
@@ -479,16 +549,24 @@ def _round(
     # target logits are those of the row alone; the target is rolled back to the committed tokens after).
     width = max(steps)
     feeds = [[row.pending, *tokens] for row, tokens in zip(active, drafted, strict=True)]
-    target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
-    target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
+    target_state = target_logits = None
+    if target_cache is not None:
+        target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
+        target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
     kept_feeds: list[list[int]] = []
     committed_rows: list[list[int]] = []
     accepted_rows: list[int] = []
     for index, row in enumerate(active):
         forced = row.request.forced_tokens
-        accepted, next_token = _verify(
-            drafted[index], dists[index], target_logits[index], temperature, row.generator, forced, len(row.output)
-        )
+        if forced is not None:
+            accepted, next_token = _verify_forced(
+                drafted[index], dists[index], row.target_probs, temperature, row.generator, forced, len(row.output)
+            )
+        else:
+            assert target_logits is not None  # a free-running row means the batch verifies
+            accepted, next_token = _verify(
+                drafted[index], dists[index], target_logits[index], temperature, row.generator
+            )
         committed = (drafted[index][:accepted] + [next_token])[: row.limit - len(row.output)]
         kept = [row.pending] + drafted[index][:accepted]
         if len(committed) <= accepted:  # the limit cut the round inside the accepted drafts
@@ -499,7 +577,9 @@ def _round(
 
     # Rejected draft tokens leave both caches.
     starts = [row.cache_length for row in active]
-    if target_state is None:
+    if target_cache is None:
+        pass
+    elif target_state is None:
         for layer_index in target_cache.row_indices:
             for layer, start, kept in zip(target_cache.layers[layer_index].rows, starts, kept_feeds, strict=True):
                 layer.crop(start + len(kept) - layer.length)
@@ -568,27 +648,18 @@ def _verify(
     target_logits: torch.Tensor,
     temperature: float,
     generator: torch.Generator,
-    forced_tokens: list[int] | None,
-    offset: int,
 ) -> tuple[int, int]:
-    """(accepted drafts, the token the target adds) for one round."""
+    """(accepted drafts, the token the target adds) for one free-running round."""
     if temperature <= 0:
         greedy = greedy_tokens(target_logits.float()).tolist()  # an exact upcast: bf16's reductions are slower
-        reference = forced_tokens[offset : offset + len(drafted) + 1] if forced_tokens is not None else greedy
         accepted = 0
-        while accepted < len(drafted) and drafted[accepted] == reference[accepted]:
+        while accepted < len(drafted) and drafted[accepted] == greedy[accepted]:
             accepted += 1
-        if forced_tokens is not None:
-            return accepted, reference[accepted] if accepted < len(reference) else greedy[accepted]
         return accepted, greedy[accepted]
     for index, token in enumerate(drafted):
         target_dist = _probs(target_logits[index], temperature)
         draft_dist = draft_dists[index]
         uniform = float(torch.rand((), generator=generator))
-        if forced_tokens is not None:  # token is the response's: accepted with min(p, q)(x) / p(x)
-            if uniform < float(acceptance_given_token(draft_dist[token], target_dist[token])):
-                continue
-            return index, forced_tokens[offset + index]
         if uniform < min(1.0, float(target_dist[token] / draft_dist[token])):
             continue
         residual = torch.clamp(target_dist - draft_dist, min=0.0)
@@ -596,6 +667,34 @@ def _verify(
         residual = residual / total if total > 0 else target_dist
         return index, int(torch.multinomial(residual, 1, generator=generator))
     final = _probs(target_logits[len(drafted)], temperature)
-    if forced_tokens is not None:
-        return len(drafted), forced_tokens[offset + len(drafted)] if offset + len(drafted) < len(forced_tokens) else 0
     return len(drafted), int(torch.multinomial(final, 1, generator=generator))
+
+
+def _verify_forced(
+    drafted: list[int],
+    draft_dists: list[torch.Tensor],
+    target_probs: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator,
+    forced_tokens: list[int],
+    offset: int,
+) -> tuple[int, int]:
+    """(accepted drafts, the response token the round ends on) for one teacher-forced round starting at response
+    position ``offset``. T = 0: the longest prefix of drafts equal to the response. T > 0 (the drafts are the
+    response's tokens): each accepted with min(p, q)(x) / p(x), p read from ``target_probs``
+    (`target_token_probs`). At the response's end the round's last token is past it (-1), and the caller's limit
+    cuts it."""
+    reference = forced_tokens[offset : offset + len(drafted) + 1]
+    if temperature <= 0:
+        accepted = 0
+        while accepted < len(drafted) and drafted[accepted] == reference[accepted]:
+            accepted += 1
+    else:
+        accepted = len(drafted)
+        for index, token in enumerate(drafted):  # token is the response's: accepted with min(p, q)(x) / p(x)
+            uniform = float(torch.rand((), generator=generator))
+            assert target_probs is not None  # `_start_row` computes them for a forced row at T > 0
+            if uniform >= float(acceptance_given_token(draft_dists[index][token], target_probs[offset + index])):
+                accepted = index
+                break
+    return accepted, reference[accepted] if accepted < len(reference) else -1

@@ -220,3 +220,75 @@ def test_entropy_and_probs_against_a_float64_computation(temperature):
     assert torch.equal(token_entropy(logits, temperature), got_entropy)
     low = logits.bfloat16()  # upcast exactly first
     assert torch.equal(token_entropy(low, temperature), entropy_and_probs(low.float(), temperature)[0])
+
+
+class _ForwardCount:
+    """Counts a model's forwards (a forward pre-hook on the module itself)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args):
+        self.calls += 1
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3_5", "gemma3_text"])
+def test_a_teacher_forced_t0_loop_never_runs_the_target_and_equals_the_verifying_loop(architecture):
+    """At T = 0 a forced round's acceptance is the match against the response, so the loop runs no verification;
+    the reference is the free-running loop, which verifies every round, on a response that is its own output."""
+    draft, target = tiny_model(architecture, seed=21), tiny_model(architecture, seed=22)
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(8)).tolist()
+    for name, extra in (("rift-stat", {}), ("rift-dyn", {"refresh_interval": 8})):
+        policy = make_policy(name, budget=16, obs_window=8, **extra)
+        run = functools.partial(speculative_generate, draft, prompt, target_model=target, policy=policy, draft_length=5)
+        verified = run(max_new_tokens=30)
+        count = _ForwardCount(target)
+        forced = run(forced_tokens=verified.tokens)
+        count.handle.remove()
+        assert count.calls == 0, f"{architecture}/{name}: the target ran {count.calls} forwards"
+        assert forced.tokens == verified.tokens
+
+        def rounds(result):
+            return [(r.accepted, r.refreshed, r.draft_entropies) for r in result.rounds]
+
+        assert rounds(forced) == rounds(verified)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_target_token_probs_are_a_plain_forward_s_probabilities_of_the_response(temperature):
+    from rift_ada.speculative import FULL_POLICY, TARGET_PASS_CHUNK, forward_tokens, row_cache, target_token_probs
+
+    model = tiny_model("qwen3_5", seed=23)  # linear-attention layers: the pass carries their state over chunks
+    generator = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, VOCAB, (30,), generator=generator).tolist()
+    response = torch.randint(0, VOCAB, (TARGET_PASS_CHUNK + 17,), generator=generator).tolist()  # two chunks
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].double()
+        expected = torch.softmax(logits / temperature, -1)[torch.arange(len(response)), response]
+        cache = row_cache(model, FULL_POLICY)
+        forward_tokens(model, prompt[:-1], cache, 0, logits=False)
+        got = target_token_probs(model, cache, prompt, response, temperature)
+    assert got.dtype == torch.float32 and got.shape == (len(response),)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_teacher_forced_t1_loop_runs_the_target_once_over_the_response_and_keeps_the_law():
+    """At T > 0 a forced row reads p_target of each response token from one pass at its start (one forward per
+    `TARGET_PASS_CHUNK` tokens after the prompt's prefill), and its acceptance rates match the verifying code's
+    law min(p, q)(x) / p(x) (`test_t1_given_its_token_a_draft_is_accepted_with_probability_min_1_q_over_p`)."""
+    from rift_ada.speculative import TARGET_PASS_CHUNK
+
+    draft, target = tiny_model("llama", seed=24), tiny_model("llama", seed=25)
+    generator = torch.Generator().manual_seed(10)
+    prompt = torch.randint(0, VOCAB, (30,), generator=generator).tolist()
+    response = torch.randint(0, VOCAB, (TARGET_PASS_CHUNK + 6,), generator=generator).tolist()
+    count = _ForwardCount(target)
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    result = speculative_generate(
+        draft, prompt, target_model=target, policy=policy, draft_length=5, temperature=1.0, forced_tokens=response
+    )
+    count.handle.remove()
+    assert count.calls == 1 + 2  # the prompt's prefill, then the response in two chunks
+    assert result.tokens == response
+    assert sum(r.al for r in result.rounds) == len(response)
