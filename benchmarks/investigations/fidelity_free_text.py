@@ -78,11 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     verify = speculative._verify
     current: dict[int, float] = {}
 
-    def recording_verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset):
+    committed: dict[int, int] = {}  # per request (its generator): output tokens before the round
+
+    def recording_verify(drafted, draft_dists, target_logits, temperature, generator):
+        offset = committed.get(id(generator), 0)
         for index, dist in enumerate(draft_dists):
             target = speculative._probs(target_logits[index], temperature)
             current[offset + index] = float(torch.minimum(target, dist).sum())
-        return verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
+        accepted, token = verify(drafted, draft_dists, target_logits, temperature, generator)
+        committed[id(generator)] = offset + accepted + 1
+        return accepted, token
 
     out = args.run / "probe-loop-text"
     saved = out / "loop.json"  # the loop's results, so an interrupted run resumes at the probe
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         speculative._verify = recording_verify
         for request in requests:
             current = loop_alpha.setdefault(request.request_id, {})
+            committed.clear()  # one request a run: a freed generator's id may come back
             target = by_id[request.request_id]
             (result,) = run_free_stat(pair, [target], stat.cache, settings, settings.seed)[1]
             loop_rows.append({**target, "response_token_ids": list(result.tokens)})
@@ -184,15 +190,13 @@ def _loop_seeds(args, requests, by_id, stat, pair, settings, replayed: dict) -> 
             target_logits,
             temperature,
             generator,
-            forced,
-            offset,
             trials=trials,
             rejected_last=rejected_last,
         ):
             # The uniforms _verify draws first (one per tested draft), read from a copy of its generator.
             replica = torch.Generator(device=generator.device)
             replica.set_state(generator.get_state())
-            accepted, token = verify(drafted, draft_dists, target_logits, temperature, generator, forced, offset)
+            accepted, token = verify(drafted, draft_dists, target_logits, temperature, generator)
             before = rejected_last.get(id(generator))
             for index in range(min(accepted + 1, len(drafted))):  # the accepted drafts and the rejected one
                 target = speculative._probs(target_logits[index], temperature).double()
