@@ -141,3 +141,14 @@ def test_paired_ratios_pair_each_repeat_s_new_cell_with_its_old_cell():
     assert ratios == [4.0, 1.5]  # not the ratio of medians (10/35 -> 3.5x)
     assert bench.repeat_spread(ratios) == " (per repeat 2.75x, 1.50-4.00x over 2)"
     assert bench.repeat_spread(ratios[:1]) == ""
+
+
+def test_a_closed_loop_that_runs_no_verification_has_the_draft_steps_alone_as_its_floor():
+    bench = load_bench()
+    llama = {**GEMMA3, "full_layers": 18, "sliding_layers": 0, "window": 0}
+    cell = {"stage": "closed", "batch": 16, "mean_context": 512, "tokens": 1000, "rounds": 200}  # AL 5
+    verifying = bench.stage_floor(cell, llama, bandwidth=1e10, gemm=1e11, budget=128)
+    forced = bench.stage_floor({**cell, "verifies": False}, llama, bandwidth=1e10, gemm=1e11, budget=128)
+    step_flops = 2 * llama["params"] * 16 + 4 * llama["heads"] * llama["head_dim"] * (18 * 128) * 16
+    assert forced["compute_tok_s"] == pytest.approx(16 * 5 / (bench.DRAFT_LENGTH * step_flops / 1e11))
+    assert forced["compute_tok_s"] > verifying["compute_tok_s"]  # less work per committed token
