@@ -319,10 +319,12 @@ def _start_row(
     *,
     temperature: float = 0.0,
     verifies: bool = True,
+    target_passes: dict[tuple, torch.Tensor] | None = None,
 ) -> tuple[_Row, Any, Any]:
     """Prefill one request alone (exactly as a single run does); its caches join the batch after. A teacher-forced
-    request at T > 0 also gets its response's target probabilities (`target_token_probs`). ``verifies=False`` (a
-    batch of teacher-forced rows only): no target cache (None)."""
+    request at T > 0 also gets its response's target probabilities (`target_token_probs`), taken from
+    ``target_passes`` where an earlier run of the same prompt and response put them (a collection's policies share
+    a request's text). ``verifies=False`` (a batch of teacher-forced rows only): no target cache (None)."""
     prompt = request.prompt_ids
     forced = request.forced_tokens
     limit = len(forced) if forced is not None else request.max_new_tokens
@@ -333,9 +335,14 @@ def _start_row(
     draft_cache.query_summary()  # query summaries cover the output only
     target_probs = None
     if forced is not None and temperature > 0:
-        scratch = _prefilled_target_cache(draft_model, target, draft_cache, request, positions)
-        target_probs = target_token_probs(target, scratch, prompt, forced, temperature)
-        del scratch
+        text = (tuple(prompt), tuple(forced))
+        target_probs = None if target_passes is None else target_passes.get(text)
+        if target_probs is None:
+            scratch = _prefilled_target_cache(draft_model, target, draft_cache, request, positions)
+            target_probs = target_token_probs(target, scratch, prompt, forced, temperature)
+            del scratch
+            if target_passes is not None:
+                target_passes[text] = target_probs
     target_cache = _prefilled_target_cache(draft_model, target, draft_cache, request, positions) if verifies else None
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
@@ -392,6 +399,7 @@ def speculative_generate_batch(
     active: list[_Row] = []
     draft_cache = target_cache = None
     verifies = any(request.forced_tokens is None for request in requests)  # else no round reads the target
+    target_passes: dict[tuple, torch.Tensor] = {}  # a forced text's p_target, computed once a call (T > 0)
     while True:
         joining = list(itertools.islice(waiting, slots - len(active)))
         if joining:
@@ -405,6 +413,7 @@ def speculative_generate_batch(
                     draft_length,
                     temperature=temperature,
                     verifies=verifies,
+                    target_passes=target_passes,
                 )
                 for index in joining
             ]

@@ -273,22 +273,25 @@ def test_target_token_probs_are_a_plain_forward_s_probabilities_of_the_response(
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6)
 
 
-def test_a_teacher_forced_t1_loop_runs_the_target_once_over_the_response_and_keeps_the_law():
-    """At T > 0 a forced row reads p_target of each response token from one pass at its start (one forward per
-    `TARGET_PASS_CHUNK` tokens after the prompt's prefill), and its acceptance rates match the verifying code's
-    law min(p, q)(x) / p(x) (`test_t1_given_its_token_a_draft_is_accepted_with_probability_min_1_q_over_p`)."""
-    from rift_ada.speculative import TARGET_PASS_CHUNK
+def test_a_teacher_forced_t1_batch_runs_the_target_once_over_each_response():
+    """At T > 0 a forced row reads p_target of each response token from one pass when it starts (one forward per
+    `TARGET_PASS_CHUNK` tokens after the prompt's prefill), shared by the runs of one call on the same text (a
+    collection's policies), and each run gives what it gives alone. The acceptance law itself is tested above
+    (`test_t1_given_its_token_a_draft_is_accepted_with_probability_min_1_q_over_p`, teacher-forced)."""
+    from rift_ada.speculative import TARGET_PASS_CHUNK, BatchRequest, speculative_generate_batch
 
     draft, target = tiny_model("llama", seed=24), tiny_model("llama", seed=25)
     generator = torch.Generator().manual_seed(10)
     prompt = torch.randint(0, VOCAB, (30,), generator=generator).tolist()
     response = torch.randint(0, VOCAB, (TARGET_PASS_CHUNK + 6,), generator=generator).tolist()
+    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("snapkv", budget=16, obs_window=8)]
+    requests = [BatchRequest(prompt, policy, seed=3, forced_tokens=response) for policy in policies]
+    run = functools.partial(speculative_generate_batch, draft, target_model=target, draft_length=5, temperature=1.0)
     count = _ForwardCount(target)
-    policy = make_policy("rift-stat", budget=16, obs_window=8)
-    result = speculative_generate(
-        draft, prompt, target_model=target, policy=policy, draft_length=5, temperature=1.0, forced_tokens=response
-    )
+    together = run(requests)
     count.handle.remove()
-    assert count.calls == 1 + 2  # the prompt's prefill, then the response in two chunks
-    assert result.tokens == response
-    assert sum(r.al for r in result.rounds) == len(response)
+    assert count.calls == 1 + 2  # the prompt's prefill, then the response in two chunks, once for both runs
+    for request, result in zip(requests, together, strict=True):
+        alone = run([request])[0]
+        assert result.tokens == alone.tokens == response
+        assert [r.accepted for r in result.rounds] == [r.accepted for r in alone.rounds]
