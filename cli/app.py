@@ -59,9 +59,16 @@ DtypeOption = Annotated[
 BatchSizeOption = Annotated[
     int | None,
     typer.Option(
+        min=1, help="Responses generated together; default 16 in float32, 32 in bfloat16 / float16 (half the KV bytes a row)."
+    ),
+]
+ClosedBatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
         min=1,
-        help="Requests decoded together (closed mode: request x policy runs, a finished run's slot going to the next)"
-        "; default 16 in float32, 32 in bfloat16 / float16 (half the KV bytes a row).",
+        help="Closed mode: request x policy runs decoded together, a finished run's slot going to the next; also the "
+        f"targets it generates (default {CLOSED_BATCH} in every dtype: a teacher-forced closed loop holds the draft's "
+        "KV only).",
     ),
 ]
 MAX_SEED = 2**31 - 1  # seeds reach torch, numpy and Optuna; all take this range
@@ -332,7 +339,7 @@ def collect(
     extend_targets: Annotated[
         bool, typer.Option(help="Add responses missing from an existing --targets file (never changes its rows).")
     ] = False,
-    batch_size: BatchSizeOption = None,
+    batch_size: ClosedBatchSizeOption = None,
     probe_batch_size: Annotated[
         int | None,
         typer.Option(
@@ -348,7 +355,7 @@ def collect(
 ) -> None:
     """Collect probe traces or closed-loop runs into a trace directory (resumable, shardable)."""
     preset = check_model(model)
-    batch_size = default_batch(CLOSED_BATCH, dtype, device) if batch_size is None else batch_size
+    batch_size = CLOSED_BATCH if batch_size is None else batch_size
     shard = _check_shard(shard)
     ages = _check_arm_ages(arm_ages)
     check_dataset(dataset)

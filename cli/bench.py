@@ -11,7 +11,7 @@ from rich.text import Text
 
 from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
-from rift_ada.throughput import CLOSED_BATCH, default_batch
+from rift_ada.throughput import CLOSED_BATCH
 
 BenchSizeName = Literal["tiny", "small", "full"]  # the keys of experiments.bench.BENCH_SIZES (a test keeps them equal)
 OUT_HELP = "Run directory (re-running continues where it stopped)."
@@ -51,8 +51,8 @@ def bench(
     batch_size: Annotated[
         int | None,
         typer.Option(
-            help="Requests per batched forward of the targets and the closed loop (default 16 in float32, 32 in "
-            "bfloat16 / float16)."
+            help=f"Requests per batched forward of the targets and the closed loop (default {CLOSED_BATCH} in every "
+            "dtype)."
         ),
     ] = None,
     probe_batch_size: Annotated[
@@ -116,7 +116,7 @@ def bench(
             arm_ages=_numbers(arm_ages, "--arm-ages", int),
             max_age=max_age,
             table_requests=table_requests,
-            batch_size=default_batch(CLOSED_BATCH, dtype, device) if batch_size is None else batch_size,
+            batch_size=CLOSED_BATCH if batch_size is None else batch_size,
             probe_batch_size=probe_batch_size,
             free_running=free_running,
             forced_length=forced_length or None,

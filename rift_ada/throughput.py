@@ -22,21 +22,28 @@ closed loop's and the targets' rows there (32): the same memory as float32's 16.
 default, on a 24 GiB machine. Since float32 Linears read MKL-packed weights (`rift_ada.packed_linear`, two row counts
 kept), float32's 16 rows peak at 9.89 GiB in the closed loop with 2K-token prompts
 (docs/notes/2026-12-06-float32-mkl-packing.md).
+
+Since 4022f1c a teacher-forced closed loop (every evidence run's) holds no target cache and runs no verification,
+so its rows hold about half the KV they did, and draft steps are most of its work: on the AMD Zen 4 float32's
+closed loop reads 1.23x at 32 rows over 16 (docs/notes/2026-12-07-forced-rows-no-verification.md), at about the
+memory its 16 rows took before. So the closed loop (collection, confirmation, and `rift-ada bench`'s targets and
+closed loop, which share one ``batch_size``) runs 32 rows in every dtype (`CLOSED_BATCH`); bf16's 64, which its
+halved bytes would allow, is not measured since. `rift-ada targets` keeps `TARGETS_BATCH` (16, doubled in bf16).
 """
 
 from __future__ import annotations
 
 from rift_ada.models import default_dtype
 
-CLOSED_BATCH = 16  # closed-loop (request x policy) runs, confirmation included
+CLOSED_BATCH = 32  # closed-loop (request x policy) runs, confirmation included, in every dtype (see above)
 TARGETS_BATCH = 16  # target responses generated together
 PROBE_BATCH = 1  # probed requests whose arms (and canonical passes) share each forward
 REDUCED_PRECISION_DTYPES = ("bfloat16", "float16")
 
 
 def default_batch(float32_rows: int, dtype: str | None, device: str = "cpu") -> int:
-    """A stage's default rows for a model loaded in ``dtype`` (None: the loader's `default_dtype` for ``device``):
-    ``float32_rows`` (`CLOSED_BATCH`, `TARGETS_BATCH`) in float32, twice as many in bfloat16 / float16, whose rows
-    hold half the KV bytes."""
+    """Target generation's default rows for a model loaded in ``dtype`` (None: the loader's `default_dtype` for
+    ``device``): ``float32_rows`` (`TARGETS_BATCH`) in float32, twice as many in bfloat16 / float16, whose rows hold
+    half the KV bytes. The closed loop takes `CLOSED_BATCH` in every dtype."""
     resolved = dtype if dtype is not None else default_dtype(device)
     return float32_rows * 2 if resolved in REDUCED_PRECISION_DTYPES else float32_rows

@@ -72,18 +72,21 @@ def test_free_running_needs_closed_mode_and_bad_dtype_is_named(tiny_dir, tmp_pat
 
 
 def test_default_batch_doubles_in_reduced_precision():
-    from rift_ada.throughput import CLOSED_BATCH, default_batch
+    from rift_ada.throughput import TARGETS_BATCH, default_batch
 
-    assert default_batch(CLOSED_BATCH, "float32") == CLOSED_BATCH == 16
-    assert default_batch(CLOSED_BATCH, None, "cpu") == 16  # the loader's CPU default is float32
-    assert default_batch(CLOSED_BATCH, "bfloat16") == default_batch(CLOSED_BATCH, "float16") == 32
-    assert default_batch(CLOSED_BATCH, None, "cuda") == 32  # and bfloat16 elsewhere
+    assert default_batch(TARGETS_BATCH, "float32") == TARGETS_BATCH == 16
+    assert default_batch(TARGETS_BATCH, None, "cpu") == 16  # the loader's CPU default is float32
+    assert default_batch(TARGETS_BATCH, "bfloat16") == default_batch(TARGETS_BATCH, "float16") == 32
+    assert default_batch(TARGETS_BATCH, None, "cuda") == 32  # and bfloat16 elsewhere
 
 
 @pytest.mark.parametrize(
-    ("dtype", "given", "expected"), [("float32", None, 16), ("bfloat16", None, 32), ("bfloat16", "5", 5)]
+    ("dtype", "given", "expected"),
+    [("float32", None, [16, 32]), ("bfloat16", None, [32, 32]), ("bfloat16", "5", [5, 5])],
 )
-def test_targets_and_collect_take_the_dtype_s_default_batch(tiny_dir, tmp_path, monkeypatch, dtype, given, expected):
+def test_targets_and_collect_take_their_default_batch(tiny_dir, tmp_path, monkeypatch, dtype, given, expected):
+    """`rift-ada targets` doubles its rows in reduced precision; a closed-loop collection (and the targets it
+    generates) takes `CLOSED_BATCH` in every dtype."""
     import rift_ada.collectors.pipeline as pipeline
 
     seen = []
@@ -97,4 +100,4 @@ def test_targets_and_collect_take_the_dtype_s_default_batch(tiny_dir, tmp_path, 
     common += [] if given is None else ["--batch-size", given]
     CliRunner().invoke(app, ["targets", *common, "--out", str(tmp_path / "t.parquet")])
     CliRunner().invoke(app, ["collect", *common, "--mode", "closed", "--policy", "stat", "--out", str(tmp_path / "c")])
-    assert seen == [expected, expected]
+    assert seen == expected
