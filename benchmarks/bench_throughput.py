@@ -226,6 +226,7 @@ def goal_line(stage: str, rows: list[dict[str, Any]], old_tok_s: float, old_batc
 def paired_ratios(cells: list[dict[str, Any]], stage: str, new_batch: int, old_batch: int, clock: str) -> list[float]:
     """The new code's rate at ``new_batch`` over the old code's at ``old_batch``, one ratio per repeat that ran both
     (the two cells of a repeat run back to back, so each ratio shares that stretch's load)."""
+
     def rates(code: str, batch: int) -> dict[int, float]:
         return {
             cell["repeat"]: cell["tokens"] / cell[clock]
@@ -245,9 +246,10 @@ def repeat_spread(ratios: list[float]) -> str:
 
 
 def cell_memory(stage: str, batch: int, costs: dict[str, float], isl: int, tokens: int, arms: int) -> float:
-    """Bytes a cell holds beyond the loaded model (an estimate): the KV histories of its ``batch`` requests
-    (closed loop: draft + target cache; probe: the canonical cache + one per compressed arm; targets: one), each
-    of ISL + tokens positions (a sliding layer stores at most its window), and the logits of its widest forward."""
+    """Bytes a cell holds beyond the loaded model (an estimate): the KV histories of its ``batch`` requests (closed
+    loop: draft + target cache, an upper bound since 4022f1c keeps no target cache for forced rows; probe: the
+    canonical cache + one per compressed arm; targets: one), each of ISL + tokens positions (a sliding layer stores
+    at most its window), and the logits of its widest forward."""
     length = isl + tokens
     per_history = 2 * costs["kv_heads"] * costs["head_dim"] * costs["element"] * layer_keys(costs, length, length)
     histories = {"closed": 2, "probe": arms + 1, "targets": 1}[stage]

@@ -557,9 +557,9 @@ def _round(
     # Verify: every row feeds pending + its own drafts (a short row's padding slots are not its tokens, so its
     # target logits are those of the row alone; the target is rolled back to the committed tokens after).
     width = max(steps)
-    feeds = [[row.pending, *tokens] for row, tokens in zip(active, drafted, strict=True)]
     target_state = target_logits = None
     if target_cache is not None:
+        feeds = [[row.pending, *tokens] for row, tokens in zip(active, drafted, strict=True)]
         target_state = target_cache.snapshot() if target_cache.has_recurrent_layers else None
         target_logits = forward_rows(target, target_cache, feeds, [row.cache_length for row in active])
     kept_feeds: list[list[int]] = []
@@ -586,13 +586,11 @@ def _round(
 
     # Rejected draft tokens leave both caches.
     starts = [row.cache_length for row in active]
-    if target_cache is None:
-        pass
-    elif target_state is None:
+    if target_cache is not None and target_state is None:
         for layer_index in target_cache.row_indices:
             for layer, start, kept in zip(target_cache.layers[layer_index].rows, starts, kept_feeds, strict=True):
                 layer.crop(start + len(kept) - layer.length)
-    else:
+    elif target_cache is not None:
         target_cache.restore(target_state)
         forward_rows(target, target_cache, kept_feeds, starts, logits=False)
     _roll_back_draft(draft_model, draft_cache, draft_state, log, crops, kept_feeds, starts, width)
@@ -699,10 +697,10 @@ def _verify_forced(
         while accepted < len(drafted) and drafted[accepted] == reference[accepted]:
             accepted += 1
     else:
+        assert target_probs is not None  # `_start_row` computes them for a forced row at T > 0
         accepted = len(drafted)
         for index, token in enumerate(drafted):  # token is the response's: accepted with min(p, q)(x) / p(x)
             uniform = float(torch.rand((), generator=generator))
-            assert target_probs is not None  # `_start_row` computes them for a forced row at T > 0
             if uniform >= float(acceptance_given_token(draft_dists[index][token], target_probs[offset + index])):
                 accepted = index
                 break
