@@ -23,12 +23,13 @@ default, on a 24 GiB machine. Since float32 Linears read MKL-packed weights (`ri
 kept), float32's 16 rows peak at 9.89 GiB in the closed loop with 2K-token prompts
 (docs/notes/2026-12-06-float32-mkl-packing.md).
 
-Since 4022f1c a teacher-forced closed loop (every evidence run's) holds no target cache and runs no verification,
-so its rows hold about half the KV they did, and draft steps are most of its work: on the AMD Zen 4 float32's
-closed loop reads 1.23x at 32 rows over 16 (docs/notes/2026-12-07-forced-rows-no-verification.md), at about the
-memory its 16 rows took before. So the closed loop (collection, confirmation, and `rift-ada bench`'s targets and
-closed loop, which share one ``batch_size``) runs 32 rows in every dtype (`CLOSED_BATCH`); bf16's 64, which its
-halved bytes would allow, is not measured since. `rift-ada targets` keeps `TARGETS_BATCH` (16, doubled in bf16).
+Since 4022f1c a teacher-forced closed loop (every evidence run's) holds no target cache and runs no verification, so
+its rows hold about half the KV they did, and draft steps are most of its work: on the AMD Zen 4 float32's closed
+loop reads 1.23x at 32 rows over 16 (docs/notes/2026-12-07-forced-rows-no-verification.md), peaking at 11.9 GiB with
+2K-token prompts (16 rows: 6.7 GiB now, 9.0-9.9 with the target cache before). So the closed loop (collection,
+confirmation, and `rift-ada bench`'s targets and closed loop, which share one ``batch_size``) runs 32 rows in every
+dtype (`CLOSED_BATCH`); bf16's 64, which its halved bytes would allow, is not measured since. `rift-ada targets`
+keeps `TARGETS_BATCH` (16, doubled in bf16).
 """
 
 from __future__ import annotations
