@@ -26,21 +26,22 @@ made by ``--make-tree``) and every cell runs on both, alternately, so the ratio 
 is measured side by side.
 
 Roofline of a cell, measured in the same run with torch: the memory bandwidth of a large copy and the best GEMM
-rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over contexts c streams the
-weights of every Linear (the lm_head included, a tied embedding once: Gemma3's 262K-row lm_head is its
-embedding) plus the KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys read summed over the layers: a
-full-attention layer reads c (or the budget), a sliding-window layer (Gemma3: 15 of 18, window 512) at most its
-window, budgeted or not; its floor is max(bytes / bandwidth, FLOPs / GEMM rate). A stage's floor per committed
-token adds its forwards: closed loop per round K single-token draft steps over the budget and, for a tree before
-4022f1c, one verification of K + 1 tokens over the full context (since 4022f1c a teacher-forced batch runs none:
-its rows read the target's pass over the response, made at their start, so its floor is the draft steps'; no
-re-feed of the accepted tokens: since 19d9d78 the rollback keeps the draft steps' KV; the floors printed before
-it counted one forward of AL tokens over the budget too); probe per stride one forward of every arm's 8 tokens
-over the budget plus the canonical pass over the full context (stacked over the b requests, but one request at a
-time for a model with sliding-window layers, as `probe_requests` runs them); targets one forward of b tokens
-over the full context. ``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger
-names the bound that stops the stage. Both machine figures are the best of many tries, before and after the
-cells (other jobs on a shared machine only slow some tries).
+rate over (M, hidden) x (hidden, intermediate) products. A forward of n tokens over contexts c streams the weights
+of every Linear (the lm_head included, a tied embedding once: Gemma3's 262K-row lm_head is its embedding) plus the
+KV it reads, and costs 2 n P + 4 n H d k FLOPs, k the keys read summed over the layers: a full-attention layer
+reads c (or the budget), a sliding-window layer (Gemma3: 15 of 18, window 512) at most its window, budgeted or not;
+its floor is max(bytes / bandwidth, FLOPs / GEMM rate). A stage's floor per committed token adds its forwards:
+closed loop per round K single-token draft steps over the budget (of every row, or, for a tree whose teacher-forced
+rows stop drafting at their first rejected draft, of the row-steps they drafted) and, for a tree before 4022f1c,
+one verification of K + 1 tokens over the full context (since 4022f1c a teacher-forced batch runs none: its rows
+read the target's pass over the response, made at their start, so its floor is the draft steps'; no re-feed of the
+accepted tokens: since 19d9d78 the rollback keeps the draft steps' KV; the floors printed before it counted one
+forward of AL tokens over the budget too); probe per stride one forward of every arm's 8 tokens over the budget
+plus the canonical pass over the full context (stacked over the b requests, but one request at a time for a model
+with sliding-window layers, as `probe_requests` runs them); targets one forward of b tokens over the full context.
+``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the bound that stops
+the stage. Both machine figures are the best of many tries, before and after the cells (other jobs on a shared
+machine only slow some tries).
 
 With ``--against`` the baseline and ``--goals``, each stage also prints its goal line: issue 28's goal (`GOALS`:
 closed loop 4x, probe 2x, targets 3x the old code's end-to-end rate at its batch) as a rate, the share of the
@@ -173,7 +174,10 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
         parts, committed = [forward(batch, batch, context)], batch
     elif cell["stage"] == "closed":
         al = cell["tokens"] / max(1, cell["rounds"])  # committed tokens per row-round
-        parts = [forward(batch, batch, working)] * DRAFT_LENGTH
+        # rows a draft step feeds: every row every step, or (a tree whose forced rows stop at their first rejected
+        # draft) the steps they drafted, spread over the K steps (FLOPs follow the row-steps, bytes the K forwards)
+        fed = cell.get("draft_row_steps", DRAFT_LENGTH * cell["rounds"]) / max(1, cell["rounds"]) / DRAFT_LENGTH
+        parts = [forward(batch * fed, batch * fed, working)] * DRAFT_LENGTH
         if cell.get("verifies", True):
             parts.append(forward(batch * (DRAFT_LENGTH + 1), batch, context))
         committed = batch * al
@@ -381,6 +385,8 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         out["rounds"] = sum(len(r.rounds) for r in result)
         out["runs"] = len(requests)
         out["verifies"] = not hasattr(speculative, "target_token_probs")  # a tree before 4022f1c verifies forced rows
+        if hasattr(speculative, "_forced_accepts"):  # a forced row stops drafting at its first rejection
+            out["draft_row_steps"] = sum(len(x.draft_entropies) for r in result for x in r.rounds)
         out["result"] = [[r.tokens, [x.accepted for x in r.rounds], r.refreshes] for r in result]
     else:
         from rift_ada.collectors.probe import probe_requests

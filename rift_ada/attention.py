@@ -77,19 +77,43 @@ class QueryLog:
     def __init__(self) -> None:
         self.modules: dict[int, torch.nn.Module] = {}
         self.steps: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # layer -> [(query, (cos, sin))] per forward
+        self.step_rows: list[list[int] | None] = []  # per forward, the batch rows it fed (None: every row)
+
+    def feeds(self, rows: list[int] | None) -> None:
+        """The next forward feeds only ``rows`` of the batch (None: every row), in that order."""
+        self.step_rows.append(rows)
 
     def add(self, module: torch.nn.Module, layer_idx: int, query: torch.Tensor) -> None:
         self.modules[layer_idx] = module
         self.steps.setdefault(layer_idx, []).append((query, getattr(module, "_rift_position_embeddings", None)))
 
-    def queries(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b, h, forwards, d) post-RoPE and pre-RoPE queries of ``layer_idx``'s logged single-token forwards."""
+    def queries(self, layer_idx: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, h, forwards, d) post-RoPE and pre-RoPE queries of ``layer_idx``'s logged single-token forwards. A
+        forward that fed some rows only (`feeds`) leaves the other rows' entries zero: ``batch`` rows in all."""
         steps = self.steps[layer_idx]
-        query = torch.cat([step[0] for step in steps], 2)
+        spread = [
+            (step if rows is None or batch is None else _rows_of_batch(step, rows, batch))
+            for step, rows in zip(steps, self.step_rows or [None] * len(steps), strict=True)
+        ]
+        query = torch.cat([step[0] for step in spread], 2)
         embeddings = None
-        if steps[0][1] is not None:
-            embeddings = tuple(torch.cat([step[1][part] for step in steps], 1) for part in range(2))
+        if spread[0][1] is not None:
+            embeddings = tuple(torch.cat([step[1][part] for step in spread], 1) for part in range(2))
         return query, _inverse_rope(self.modules[layer_idx], query, embeddings)
+
+
+def _rows_of_batch(step: tuple[torch.Tensor, Any], rows: list[int], batch: int) -> tuple[torch.Tensor, Any]:
+    """A logged forward of ``rows`` only, as ``batch`` rows (zeros elsewhere): its query and its (cos, sin)."""
+
+    def spread(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.shape[0] != len(rows):  # broadcast over the batch (one row of embeddings for all)
+            return tensor.expand(batch, *tensor.shape[1:])
+        full = tensor.new_zeros((batch, *tensor.shape[1:]))
+        full[rows] = tensor
+        return full
+
+    query, embeddings = step
+    return spread(query), None if embeddings is None else tuple(spread(part) for part in embeddings)
 
 
 def log_queries(log: QueryLog | None) -> None:

@@ -68,6 +68,7 @@ class BatchedLayer(DynamicLayer):
         self.rows = rows
         self.layer_idx = layer_idx
         self.counts: list[int] | None = None
+        self.feeding: list[int] | None = None  # the rows the next forwards feed, in order (None: every row)
         self.is_initialized = True
         self.rings: tuple[torch.Tensor, torch.Tensor] | None = None
         self._ring_pointers: tuple[Any, list[int]] = (None, [])  # (rings, each row's data pointer in them)
@@ -118,32 +119,36 @@ class BatchedLayer(DynamicLayer):
         return self.get_seq_length() + query_length, 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        """Append the forward's keys and values (batch row j: storage row ``feeding[j]``, or j) and return what
+        its attention reads, each batch row its own working set."""
         n_new = key_states.shape[2]
-        counts = self.counts or [n_new] * len(self.rows)
+        fed = list(range(len(self.rows))) if self.feeding is None else self.feeding
+        rows = [self.rows[index] for index in fed]
+        counts = self.counts or [n_new] * len(rows)
         self.reserve(self.get_seq_length() + n_new)
-        if len(self.rows) == 1 and counts[0] == n_new:  # one request: exactly the single-request path
-            return self.rows[0].update(key_states, value_states)
-        if all(row.attends_everything(n_new) for row in self.rows):
-            return self._update_full(key_states, value_states, counts)
+        if len(rows) == 1 and counts[0] == n_new:  # one request: exactly the single-request path
+            return rows[0].update(key_states, value_states)
+        if all(row.attends_everything(n_new) for row in rows):
+            return self._update_full(key_states, value_states, counts, fed)
         if n_new == 1 and all(count == 1 for count in counts):
-            slots = self._ring_slots()
+            slots = self._ring_slots(fed)
             if slots is not None:
-                return self._ring_step(key_states, value_states, slots)
+                return self._ring_step(key_states, value_states, slots, fed)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         notes: list[PendingAttention | None] = []
-        for index, (row, count) in enumerate(zip(self.rows, counts, strict=True)):
+        for index, (row, count) in enumerate(zip(rows, counts, strict=True)):
             if count == 0:
                 parts.append(None)
                 notes.append(None)
                 continue
-            rows = slice(index, index + 1)
-            parts.append(row.update(key_states[rows, :, :count], value_states[rows, :, :count]))
+            one = slice(index, index + 1)
+            parts.append(row.update(key_states[one, :, :count], value_states[one, :, :count]))
             notes.append(pop_pending(self.layer_idx))
         sizes = [0 if part is None else part[0].shape[2] for part in parts]
         width = max(1, max(sizes))
         set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
-        if all(part is not None and size == width and row.ring_keys() is part[0]
-               for row, part, size in zip(self.rows, parts, sizes, strict=True)):  # fmt: skip
+        if self.feeding is None and all(part is not None and size == width and row.ring_keys() is part[0]
+               for row, part, size in zip(rows, parts, sizes, strict=True)):  # fmt: skip
             return self._batched_rings(parts)  # type: ignore[arg-type]
         batch, n_kv, _, head_dim = key_states.shape
         if all(size == width for size in sizes):
@@ -158,27 +163,30 @@ class BatchedLayer(DynamicLayer):
                     values[index, :, : sizes[index]] = part[1][0]
         return keys, values
 
-    def _update_full(self, key_states: torch.Tensor, value_states: torch.Tensor, counts: list[int]):
-        """Every row attends to all its stored keys (`BudgetedLayer.attends_everything`): append by index,
+    def _update_full(self, key_states: torch.Tensor, value_states: torch.Tensor, counts: list[int], fed: list[int]):
+        """Every fed row attends to all its stored keys (`BudgetedLayer.attends_everything`): append by index,
         attend over the shared storage."""
         n_new = key_states.shape[2]
         device = self.keys.device
-        lengths = [row.length for row in self.rows]
+        rows = [self.rows[index] for index in fed]
+        lengths = [row.length for row in rows]
         positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(n_new, device=device)[None]
-        rows = torch.arange(len(self.rows), device=device)[:, None]
-        self.keys[rows, :, positions] = key_states.transpose(1, 2)  # padding lands past a row's length
-        self.values[rows, :, positions] = value_states.transpose(1, 2)
+        index = torch.tensor(fed, device=device)
+        self.keys[index[:, None], :, positions] = key_states.transpose(1, 2)  # padding lands past a row's length
+        self.values[index[:, None], :, positions] = value_states.transpose(1, 2)
         notes: list[PendingAttention | None] = []
-        for row, length, count in zip(self.rows, lengths, counts, strict=True):
+        for row, length, count in zip(rows, lengths, counts, strict=True):
             row.length = length + count
             notes.append(PendingAttention(row, length, count, full=True) if count else None)
-        sizes = [row.length if count else 0 for row, count in zip(self.rows, counts, strict=True)]
+        sizes = [row.length if count else 0 for row, count in zip(rows, counts, strict=True)]
         width = max(1, max(sizes))
         set_pending(self.layer_idx, BatchPending(self, notes, list(counts), sizes, n_new))
-        return self.keys[:, :, :width], self.values[:, :, :width]
+        if self.feeding is None:
+            return self.keys[:, :, :width], self.values[:, :, :width]
+        return self.keys[:, :, :width].index_select(0, index), self.values[:, :, :width].index_select(0, index)
 
-    def _ring_slots(self) -> list[int] | None:
-        """Per row, the ring slot of a single-token step, when every row's ring is current in ``rings``;
+    def _ring_slots(self, fed: list[int]) -> list[int] | None:
+        """Per fed row, the ring slot of a single-token step, when every such row's ring is current in ``rings``;
         a row whose ring is not (a refresh, a restore) is rebuilt in its row of ``rings`` first, so the
         step stays one batched ring step. None where a row cannot take the ring path (then the step goes
         row by row)."""
@@ -188,7 +196,8 @@ class BatchedLayer(DynamicLayer):
         if self._ring_pointers[0] is not rings:
             self._ring_pointers = (rings, [rings[0][index].data_ptr() for index in range(len(self.rows))])
         slots = []
-        for index, (row, pointer) in enumerate(zip(self.rows, self._ring_pointers[1], strict=True)):
+        for index in fed:
+            row, pointer = self.rows[index], self._ring_pointers[1][index]
             slot = row.ring_step_slot()
             if slot is None or row.ring_keys().data_ptr() != pointer:  # type: ignore[union-attr]
                 if not row.rebuild_ring_in(rings[0][index : index + 1], rings[1][index : index + 1]):
@@ -197,19 +206,22 @@ class BatchedLayer(DynamicLayer):
             slots.append(slot)
         return slots
 
-    def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int]):
-        """A single-token step of budgeted rows with current rings: two index writes for the batch."""
+    def _ring_step(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: list[int], fed: list[int]):
+        """A single-token step of budgeted rows with current rings: two index writes for the batch (the fed rows'
+        rings are read as a copy when the step feeds some rows only)."""
         device = self.keys.device
-        rows = _index_tensor(tuple(range(len(self.rows))), device, 0)
-        positions = _index_tensor(tuple(row.length for row in self.rows), device, 1)
+        rows = _index_tensor(tuple(fed), device, 0)
+        positions = _index_tensor(tuple(self.rows[index].length for index in fed), device, 1)
         ring_slots = _index_tensor(tuple(slots), device, 2)
         keys, values = key_states[:, :, 0], value_states[:, :, 0]
         self.keys[rows, :, positions], self.values[rows, :, positions] = keys, values
         self.rings[0][rows, :, ring_slots], self.rings[1][rows, :, ring_slots] = keys, values  # type: ignore[index]
-        notes: list[PendingAttention | None] = [row.ring_step_done() for row in self.rows]  # None: records nothing
+        notes: list[PendingAttention | None] = [self.rows[index].ring_step_done() for index in fed]  # None: no record
         width = self.rings[0].shape[2]  # type: ignore[index]
         set_pending(self.layer_idx, BatchPending(self, notes, [1] * len(notes), [width] * len(notes), 1, maskless=True))
-        return self.rings
+        if self.feeding is None:
+            return self.rings
+        return self.rings[0].index_select(0, rows), self.rings[1].index_select(0, rows)  # type: ignore[index]
 
     def _batched_rings(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Single-token steps: the rows' ring buffers as rows of one batch buffer (a row whose ring
@@ -331,6 +343,20 @@ class BatchedCache(BudgetedCache):
         for index in self.row_indices:
             self.layers[index].counts = counts
 
+    @property
+    def feeds_some_rows(self) -> bool:
+        """Whether a forward can feed some of the rows only (`feed_rows`): every layer keeps per-row state (a
+        recurrent state is one batch-major tensor, so a model with such layers feeds every row)."""
+        return not self.has_recurrent_layers
+
+    def feed_rows(self, rows: Sequence[int] | None) -> None:
+        """The next forwards feed ``rows`` only (batch row j is row ``rows[j]``); the others are left as they are.
+        None: every row, in order."""
+        if rows is not None and not self.feeds_some_rows:
+            raise CacheError("feed_rows: a cache with recurrent layers feeds every row")
+        for index in self.row_indices:
+            self.layers[index].feeding = None if rows is None else list(rows)
+
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Drop every row not in ``rows`` (finished requests leave the batch)."""
         index = torch.tensor(list(rows), dtype=torch.long)
@@ -387,7 +413,7 @@ class BatchedCache(BudgetedCache):
             wanted = [bool(count) and row.wants_queries() for row, count in zip(rows, counts, strict=True)]
             if layer_index not in log.steps or not any(wanted):
                 continue
-            query, pre_rope_query = log.queries(layer_index)
+            query, pre_rope_query = log.queries(layer_index, len(rows))
             group_mean = group_query_mean(pre_rope_query, rows[0].keys.shape[1])
             for index, (row, count, start) in enumerate(zip(rows, counts, starts, strict=True)):
                 if wanted[index]:

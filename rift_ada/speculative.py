@@ -52,7 +52,8 @@ class RoundRecord:
     index: int
     position: int  # output tokens committed before the round
     accepted: int  # drafted tokens accepted
-    draft_entropies: list[float]  # draft entropy of every drafted step, in order
+    draft_entropies: list[float]  # draft entropy of every drafted step, in order (a teacher-forced row stops
+    # drafting at its first rejected draft, so it has the committed ones: `committed_entropies`)
     refreshed: bool = False  # the cache was refreshed after this round
     age: int = 0  # committed tokens since the last refresh, after this round
 
@@ -449,6 +450,32 @@ def speculative_generate_batch(
     return results  # type: ignore[return-value]
 
 
+@dataclass
+class _Drafts:
+    """What a round's draft steps give per row: the tokens, their distributions (T > 0), entropies, how many
+    forwards fed the row, and a teacher-forced row's accepted drafts (None: free-running, the verification
+    decides)."""
+
+    tokens: list[list[int]]
+    dists: list[list[torch.Tensor]]
+    entropies: list[list[float]]
+    fed: list[int]
+    accepted: list[int | None]
+
+
+def _forced_accepts(row: _Row, step: int, token: int, dist: torch.Tensor | None, temperature: float) -> bool:
+    """Whether a teacher-forced row accepts its draft ``token`` of this round's ``step``. T = 0: it equals the
+    response's token there. T > 0 (the draft is the response's token): with probability min(p, q)(x) / p(x), p the
+    target's (`target_token_probs`), one draw of the row's generator per step in order, the first rejection
+    ending the round."""
+    offset = len(row.output) + step
+    if temperature <= 0:
+        return token == row.request.forced_tokens[offset]  # type: ignore[index]
+    assert row.target_probs is not None and dist is not None  # `_start_row` computes them for a forced row at T > 0
+    uniform = float(torch.rand((), generator=row.generator))
+    return uniform < float(acceptance_given_token(dist[token], row.target_probs[offset]))
+
+
 def _draft(
     draft_model: Any,
     cache: BatchedCache,
@@ -456,47 +483,84 @@ def _draft(
     steps: list[int],
     temperature: float,
     log: QueryLog | None = None,
-) -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[float]]]:
+) -> _Drafts:
     """Draft up to ``steps[i]`` tokens per row, one batched single-token forward per step.
 
     The steps record no queries in the rows (`BatchedCache.keep_queries`): only the committed steps'
     count, which verification decides. With ``log`` their queries are kept there until it has
     (`_roll_back_draft`). A row that drafts fewer than the longest row's steps feeds its last draft
-    once more at the next position (the KV its committed text needs) and rides along after that."""
-    drafted: list[list[int]] = [[] for _ in active]
-    dists: list[list[torch.Tensor]] = [[] for _ in active]
-    entropies: list[list[float]] = [[] for _ in active]
+    once more at the next position (the KV its committed text needs). A teacher-forced row knows its
+    acceptance as it drafts (`_forced_accepts`): it stops at its first rejected draft, whose successors no
+    round would read. Where the cache can (`BatchedCache.feeds_some_rows`), a step feeds only the rows still
+    drafting; elsewhere a row that stopped rides along to the last step and what it writes is rolled back."""
+    count = len(active)
+    drafts = _Drafts([[] for _ in active], [[] for _ in active], [[] for _ in active], [0] * count, [None] * count)
     feeds = [[row.pending] for row in active]
-    positions = [row.cache_length for row in active]
+    width = max(steps)
+    every = list(range(count))
+    feeding = every  # the rows this step feeds
+    subsets = cache.feeds_some_rows
+    stopped = [False] * count
     cache.keep_queries(False)
     log_queries(log)
+    forwards = 0
     try:
-        for step in range(max(steps)):
+        for step in range(width):
+            forwards += 1
+            rows = feeding if subsets else every
+            if subsets:
+                cache.feed_rows(None if len(rows) == count else rows)
+                if log is not None:
+                    log.feeds(None if len(rows) == count else list(rows))
+            positions = [active[index].cache_length + step for index in rows]
+            out = forward_rows(draft_model, cache, [feeds[index] for index in rows], positions)
             # one exact float32 upcast serves entropy, sampling and the greedy choice
-            logits = torch.stack([out[-1] for out in forward_rows(draft_model, cache, feeds, positions)]).float()
+            logits = torch.stack([row_logits[-1] for row_logits in out]).float()
             step_entropy = token_entropy(logits, temperature).tolist()
             greedy = greedy_tokens(logits).tolist()
-            for index, row in enumerate(active):
-                if step >= steps[index]:  # this row has drafted enough; its extra step is rolled back
+            still = []
+            for slot, index in enumerate(rows):
+                if stopped[index]:  # rides along (a cache that feeds every row)
                     continue
+                drafts.fed[index] += 1
+                if step >= steps[index]:  # this row has drafted enough: the step fed its last draft
+                    stopped[index] = True
+                    continue
+                row = active[index]
                 forced = row.request.forced_tokens
-                entropies[index].append(step_entropy[index])
+                dist = None
+                drafts.entropies[index].append(step_entropy[slot])
                 if forced is not None and temperature > 0:
                     token = forced[len(row.output) + step]
-                    dists[index].append(_probs(logits[index], temperature))
+                    dist = _probs(logits[slot], temperature)
+                    drafts.dists[index].append(dist)
                 elif temperature > 0:
-                    dist = _probs(logits[index], temperature)
-                    dists[index].append(dist)
+                    dist = _probs(logits[slot], temperature)
+                    drafts.dists[index].append(dist)
                     token = int(torch.multinomial(dist, 1, generator=row.generator))
                 else:
-                    token = greedy[index]
-                drafted[index].append(token)
+                    token = greedy[slot]
+                drafts.tokens[index].append(token)
                 feeds[index] = [token]
-            positions = [position + 1 for position in positions]
+                if forced is not None and not _forced_accepts(row, step, token, dist, temperature):
+                    drafts.accepted[index] = step
+                    stopped[index] = True
+                    continue
+                still.append(index)
+            if not still:
+                break
+            feeding = still
     finally:
+        if subsets:
+            cache.feed_rows(None)
         log_queries(None)
         cache.keep_queries(True)
-    return drafted, dists, entropies
+    if not subsets:  # every row was fed every step
+        drafts.fed = [forwards] * count
+    for index, row in enumerate(active):
+        if row.request.forced_tokens is not None and drafts.accepted[index] is None:
+            drafts.accepted[index] = len(drafts.tokens[index])  # every draft accepted
+    return drafts
 
 
 def _roll_back_draft(
@@ -507,21 +571,21 @@ def _roll_back_draft(
     crops: list[bool],
     kept_feeds: list[list[int]],
     starts: list[int],
-    width: int,
+    fed: list[int],
 ) -> None:
     """Take a round's rejected draft steps out of the draft cache; it then holds each row's committed
     tokens (``kept_feeds[i]`` from ``starts[i]``), with their queries recorded.
 
     A row with ``crops[i]`` (`BatchedCache.rolls_back_by_crop`) keeps the KV and the logged queries
-    of its committed steps and drops the rest; only a token no step fed (the last draft of a round
-    whose ``width`` drafts were all accepted) is fed now. The other rows (recurrent layers, H2O's
-    accumulated scores) are restored to ``state``, the round start, and fed their committed tokens
-    again. All rows' feeds share one forward, none when nothing is left to feed."""
+    of its committed steps and drops the rest (``fed[i]``: the draft steps that fed row i); only a token no
+    step fed (the last draft of a round whose longest row's drafts were all accepted) is fed now. The other
+    rows (recurrent layers, H2O's accumulated scores) are restored to ``state``, the round start, and fed their
+    committed tokens again. All rows' feeds share one forward, none when nothing is left to feed."""
     if log is None:
         cache.restore(state)  # type: ignore[arg-type]
         forward_rows(draft_model, cache, kept_feeds, starts, logits=False)
         return
-    fed = [min(len(kept), width) if crop else 0 for kept, crop in zip(kept_feeds, crops, strict=True)]
+    fed = [min(len(kept), n) if crop else 0 for kept, n, crop in zip(kept_feeds, fed, crops, strict=True)]
     cache.keep_logged_queries(log, fed, starts)
     for layer_index in cache.row_indices:
         for index, row in enumerate(cache.layers[layer_index].rows):
@@ -552,11 +616,11 @@ def _round(
     crops = [draft_cache.rolls_back_by_crop(index) for index in range(len(active))]
     draft_state = None if all(crops) else draft_cache.snapshot()
     log = QueryLog() if any(crops) else None
-    drafted, dists, entropies = _draft(draft_model, draft_cache, active, steps, temperature, log)
+    drafts = _draft(draft_model, draft_cache, active, steps, temperature, log)
+    drafted = drafts.tokens
 
     # Verify: every row feeds pending + its own drafts (a short row's padding slots are not its tokens, so its
     # target logits are those of the row alone; the target is rolled back to the committed tokens after).
-    width = max(steps)
     target_state = target_logits = None
     if target_cache is not None:
         feeds = [[row.pending, *tokens] for row, tokens in zip(active, drafted, strict=True)]
@@ -567,14 +631,15 @@ def _round(
     accepted_rows: list[int] = []
     for index, row in enumerate(active):
         forced = row.request.forced_tokens
-        if forced is not None:
-            accepted, next_token = _verify_forced(
-                drafted[index], dists[index], row.target_probs, temperature, row.generator, forced, len(row.output)
-            )
+        accepted = drafts.accepted[index]
+        if forced is not None:  # the drafting decided (`_forced_accepts`); the round ends on the response's token
+            assert accepted is not None
+            end = len(row.output) + accepted
+            next_token = forced[end] if end < len(forced) else -1  # past the response: the limit cuts it
         else:
             assert target_logits is not None  # a free-running row means the batch verifies
             accepted, next_token = _verify(
-                drafted[index], dists[index], target_logits[index], temperature, row.generator
+                drafted[index], drafts.dists[index], target_logits[index], temperature, row.generator
             )
         committed = (drafted[index][:accepted] + [next_token])[: row.limit - len(row.output)]
         kept = [row.pending] + drafted[index][:accepted]
@@ -593,7 +658,7 @@ def _round(
     elif target_cache is not None:
         target_cache.restore(target_state)
         forward_rows(target, target_cache, kept_feeds, starts, logits=False)
-    _roll_back_draft(draft_model, draft_cache, draft_state, log, crops, kept_feeds, starts, width)
+    _roll_back_draft(draft_model, draft_cache, draft_state, log, crops, kept_feeds, starts, drafts.fed)
 
     finished = []
     for index, row in enumerate(active):
@@ -601,7 +666,7 @@ def _round(
         row.cache_length += len(kept_feeds[index])
         row.pending = committed[-1]
         result = row.result
-        record = RoundRecord(len(result.rounds), len(row.output), accepted_rows[index], entropies[index])
+        record = RoundRecord(len(result.rounds), len(row.output), accepted_rows[index], drafts.entropies[index])
         row.output.extend(committed)
         row.since_refresh += len(committed)
         if row.hook is not None and row.hook(record, len(row.output), draft_cache.row(index)):
@@ -675,33 +740,3 @@ def _verify(
         return index, int(torch.multinomial(residual, 1, generator=generator))
     final = _probs(target_logits[len(drafted)], temperature)
     return len(drafted), int(torch.multinomial(final, 1, generator=generator))
-
-
-def _verify_forced(
-    drafted: list[int],
-    draft_dists: list[torch.Tensor],
-    target_probs: torch.Tensor | None,
-    temperature: float,
-    generator: torch.Generator,
-    forced_tokens: list[int],
-    offset: int,
-) -> tuple[int, int]:
-    """(accepted drafts, the response token the round ends on) for one teacher-forced round starting at response
-    position ``offset``. T = 0: the longest prefix of drafts equal to the response. T > 0 (the drafts are the
-    response's tokens): each accepted with min(p, q)(x) / p(x), p read from ``target_probs``
-    (`target_token_probs`). At the response's end the round's last token is past it (-1), and the caller's limit
-    cuts it."""
-    reference = forced_tokens[offset : offset + len(drafted) + 1]
-    if temperature <= 0:
-        accepted = 0
-        while accepted < len(drafted) and drafted[accepted] == reference[accepted]:
-            accepted += 1
-    else:
-        assert target_probs is not None  # `_start_row` computes them for a forced row at T > 0
-        accepted = len(drafted)
-        for index, token in enumerate(drafted):  # token is the response's: accepted with min(p, q)(x) / p(x)
-            uniform = float(torch.rand((), generator=generator))
-            if uniform >= float(acceptance_given_token(draft_dists[index][token], target_probs[offset + index])):
-                accepted = index
-                break
-    return accepted, reference[accepted] if accepted < len(reference) else -1

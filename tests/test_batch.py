@@ -321,3 +321,94 @@ def test_a_cropped_rollback_leaves_the_draft_cache_as_a_re_feed_does(temperature
                 torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
     assert full_accepts > 0  # rounds whose last draft no step fed (the one token a cropped rollback feeds)
+
+
+def _own_output_requests(model, temperature: float) -> list[BatchRequest]:
+    """12 teacher-forced requests on responses the model drafts well (its own greedy output; every third with
+    every fifth token changed): mixed policies and prompt lengths, controllers reading query drift."""
+    policies = [make_policy("rift-stat", budget=16, obs_window=8), make_policy("h2o", budget=16, obs_window=8),
+                make_policy("snapkv", budget=12, obs_window=8), make_policy("full"),
+                make_policy("rift-dyn", budget=16, obs_window=8, refresh_interval=6)]  # fmt: skip
+    made = []
+    for index in range(12):
+        prompt = _prompt(400 + index, 10 + 4 * index)
+        response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=14 + index % 5,
+                                        draft_length=4).tokens  # fmt: skip
+        if index % 3 == 1:
+            response = [(token + 1) % VOCAB if position % 5 == 4 else token for position, token in enumerate(response)]
+        hook = _CacheWitness(_drift_hook())
+        made.append(BatchRequest(prompt, policies[index % 5], seed=index, refresh_hook=hook, forced_tokens=response))
+    return made
+
+
+class _RowSteps:
+    """Rows fed by the model's single-token forwards (draft steps), counted by a forward pre-hook."""
+
+    def __init__(self, model):
+        self.rows = 0
+        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs):
+        ids = kwargs["input_ids"]
+        if ids.shape[1] == 1:
+            self.rows += ids.shape[0]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "temperature"),
+    [("llama", 0.0), ("llama", 1.0), ("gemma3_text", 0.0), ("gpt_oss", 1.0), ("qwen3_5", 0.0)],
+)
+def test_teacher_forced_rows_stop_drafting_at_their_first_rejection(architecture, temperature, monkeypatch):
+    """A teacher-forced row knows its acceptance as it drafts, so it stops at its first rejected draft and the
+    next steps feed only the rows still drafting (`BatchedCache.feed_rows`). Against the same batch with every
+    row fed every step (the stopped rows riding along, as before): the same tokens, rounds, refreshes, draft
+    entropies and signals, and after every round the same stored KV and queries in each row; each request gives
+    what it gives alone; a forced row's entropies are its committed ones; and the steps feed fewer rows. A model
+    with recurrent layers (Qwen3.5) feeds every row every step."""
+    from rift_ada.batch_cache import BatchedCache
+
+    model = tiny_model(architecture, seed=9)
+    draft_length = 4
+
+    def run():
+        requests = _own_output_requests(model, temperature)
+        counter = _RowSteps(model)
+        results = speculative_generate_batch(model, requests, draft_length=draft_length, temperature=temperature)
+        counter.handle.remove()
+        return requests, results, counter.rows
+
+    requests, stopping, fed_rows = run()
+    monkeypatch.setattr(BatchedCache, "feeds_some_rows", property(lambda self: False))
+    ride_requests, riding, ride_rows = run()
+    monkeypatch.undo()
+    full_rounds = rejected_rounds = 0
+    for index, (got, want) in enumerate(zip(stopping, riding, strict=True)):
+        label = f"{architecture} T={temperature} request {index}"
+        assert got.tokens == want.tokens == requests[index].forced_tokens, label
+        assert [(r.accepted, r.refreshed) for r in got.rounds] == [(r.accepted, r.refreshed) for r in want.rounds]
+        for record in got.rounds:
+            steps = min(draft_length, len(got.tokens) - record.position)
+            assert len(record.draft_entropies) == min(record.accepted + 1, steps), label
+            full_rounds += record.accepted == steps
+            rejected_rounds += record.accepted < steps
+        got_entropies = [value for r in got.rounds for value in r.draft_entropies]
+        assert got_entropies == pytest.approx([value for r in want.rounds for value in r.draft_entropies], abs=1e-5)
+        got_hook, want_hook = requests[index].refresh_hook, ride_requests[index].refresh_hook
+        for got_row, want_row in zip(got_hook.hook.strides, want_hook.hook.strides, strict=True):
+            assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
+        for got_round, want_round in zip(got_hook.seen, want_hook.seen, strict=True):
+            for (length, count, positions, queries, keys), want_layer in zip(got_round, want_round, strict=True):
+                assert (length, count, positions) == want_layer[:3], label
+                if queries is not None:
+                    torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
+        alone_request = _own_output_requests(model, temperature)[index]
+        alone = speculative_generate_batch(model, [alone_request], draft_length=draft_length, temperature=temperature)
+        assert got.tokens == alone[0].tokens, label
+        assert [(r.accepted, r.refreshed) for r in got.rounds] == [(r.accepted, r.refreshed) for r in alone[0].rounds]
+    assert full_rounds > 0 and rejected_rounds > 0  # rows that drafted every step beside rows that stopped
+    assert sum(result.refreshes for result in stopping) > 0
+    if architecture == "qwen3_5":
+        assert fed_rows == ride_rows
+    else:
+        assert fed_rows < ride_rows
