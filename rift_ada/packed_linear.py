@@ -76,6 +76,7 @@ __all__ = [
     "onednn_float32_available",
     "packing_available",
     "pack_linear_weights",
+    "passing_row_counts",
     "packed_linear_count",
     "rows_as_alone",
 ]
@@ -103,6 +104,20 @@ def rows_as_alone() -> Iterator[None]:
         yield
     finally:
         _pieces.active = outer
+
+
+@contextmanager
+def passing_row_counts() -> Iterator[None]:
+    """float32 MKL products inside it read a row count's packed copy where one exists, but neither count the call
+    nor pack a new one: the shrinking row counts of a round's later draft steps (`rift_ada.speculative._draft`) come
+    and go, and packing each of them would evict the steady ones (`MKL_ROW_COUNTS`). Their products are
+    ``F.linear``'s, bit for bit the packed ones' (module docstring)."""
+    outer = getattr(_pieces, "passing", False)
+    _pieces.passing = True
+    try:
+        yield
+    finally:
+        _pieces.passing = outer
 
 
 def _turned_off() -> bool:
@@ -247,6 +262,8 @@ class _MklPackedWeights(_FreshWhenCopied):
             self.packed.clear()
             self.calls.clear()
             self.source = source
+        if getattr(_pieces, "passing", False):  # `passing_row_counts`: no count, no new copy, no reordering
+            return self.packed.get(rows)
         packed = self.packed.pop(rows, None)
         if packed is None:
             self.calls[rows] = self.calls.get(rows, 0) + 1

@@ -26,6 +26,7 @@ cache and runs no verification forward (a third of a round's time at 16 rows on 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -40,7 +41,7 @@ from rift_ada.attention import QueryLog, log_queries
 from rift_ada.batch_cache import BatchedCache
 from rift_ada.budget import CachePolicy, make_policy
 from rift_ada.cache import BudgetedCache, BudgetedLayer, make_draft_cache
-from rift_ada.packed_linear import rows_as_alone
+from rift_ada.packed_linear import passing_row_counts, rows_as_alone
 
 FULL_POLICY = make_policy("full")  # the target's cache: full KV, per-request lengths
 
@@ -513,7 +514,8 @@ def _draft(
                 if log is not None:
                     log.feeds(None if len(rows) == count else list(rows))
             positions = [active[index].cache_length + step for index in rows]
-            out = forward_rows(draft_model, cache, [feeds[index] for index in rows], positions)
+            with passing_row_counts() if len(rows) < count else contextlib.nullcontext():
+                out = forward_rows(draft_model, cache, [feeds[index] for index in rows], positions)
             # one exact float32 upcast serves entropy, sampling and the greedy choice
             logits = torch.stack([row_logits[-1] for row_logits in out]).float()
             step_entropy = token_entropy(logits, temperature).tolist()

@@ -21,6 +21,7 @@ from rift_ada.packed_linear import (
     PackedLinear,
     mkl_packing_available,
     pack_linear_weights,
+    passing_row_counts,
 )
 
 pytestmark = [
@@ -91,6 +92,20 @@ def test_the_most_recently_used_row_counts_stay_packed():
         assert _packed_rows(layer) == counts[1:]  # the first one, least recently used, was dropped
         layer(torch.randn(counts[1], 96))
         assert _packed_rows(layer) == [*counts[2:], counts[1]]
+
+
+def test_passing_row_counts_read_a_packed_copy_but_neither_count_nor_pack_nor_evict():
+    """A round's later draft steps feed ever fewer rows (`passing_row_counts`): those row counts must not evict the
+    steady ones' copies, nor earn copies of their own; their products are F.linear's bits either way."""
+    layer, x = _packed_at_min_rows()
+    with torch.no_grad():
+        with passing_row_counts():
+            for rows in range(MKL_MIN_ROWS + 1, MKL_MIN_ROWS + 2 * MKL_ROW_COUNTS + 2):
+                passing = torch.randn(rows, 96)
+                for _ in range(MKL_PACK_AFTER + 1):
+                    assert torch.equal(layer(passing), torch.nn.functional.linear(passing, layer.weight, layer.bias))
+            assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))  # the packed copy
+        assert _packed_rows(layer) == [MKL_MIN_ROWS] and layer._rift_packed.calls == {}
 
 
 def test_a_rewritten_weight_drops_its_packed_copies_and_training_takes_the_plain_path():
