@@ -419,7 +419,9 @@ def speculative_generate_batch(
                 )
                 for index in joining
             ]
-            for row, _, _ in started:
+            # (no loop variable may keep a started cache: a row leaving the batch must take no view of its storage)
+            joined = [row for row, _, _ in started]
+            for row in joined:
                 results[row.index] = row.result
             if active:
                 draft_cache.add_rows([cache for _, cache, _ in started])
@@ -429,7 +431,7 @@ def speculative_generate_batch(
                 draft_cache = BatchedCache.join(draft_model, [cache for _, cache, _ in started])
                 if verifies:
                     target_cache = BatchedCache.join(target, [cache for _, _, cache in started])
-            active += [row for row, _, _ in started]
+            active += joined
             del started
         if not active:
             break

@@ -412,3 +412,39 @@ def test_teacher_forced_rows_stop_drafting_at_their_first_rejection(architecture
         assert fed_rows == ride_rows
     else:
         assert fed_rows < ride_rows
+
+
+@pytest.mark.parametrize("stage", ["targets", "closed loop"])
+def test_a_row_that_leaves_the_batch_takes_no_view_of_its_storage(stage, monkeypatch):
+    """`keep_rows` replaces a batch's storage; a finished row's layer still views the old one, so nothing may keep
+    that layer (a list of the prefilled caches did: 28 target rows of 2K-token prompts grew past 20 GiB as their
+    EOS came). Every storage a `keep_rows` replaced is freed by the next one, here with the last-joined request
+    finishing first."""
+    import gc
+    import weakref
+
+    from rift_ada.batch_cache import BatchedCache, BatchedLayer
+    from rift_ada.collectors.targets.generate import ResponseRequest, generate_responses
+
+    model = tiny_model("llama", seed=9)
+    replaced: dict[int, list[weakref.ref]] = {}
+    freed: list[list[bool]] = []  # per keep_rows after a first one: is each storage the last one replaced gone?
+    real_keep_rows = BatchedCache.keep_rows
+
+    def keep_rows(self, rows):
+        gc.collect()
+        if id(self) in replaced:
+            freed.append([ref() is None for ref in replaced[id(self)]])
+        replaced[id(self)] = [weakref.ref(layer.keys) for layer in self.layers if isinstance(layer, BatchedLayer)]
+        real_keep_rows(self, rows)
+
+    monkeypatch.setattr(BatchedCache, "keep_rows", keep_rows)
+    lengths = [30, 26, 22, 18, 14, 6]  # the last request finishes first
+    if stage == "targets":
+        asks = [ResponseRequest(_prompt(500 + i, 20 + 3 * i), n, i, 0) for i, n in enumerate(lengths)]
+        generate_responses(model, asks, temperature=1.0)
+    else:  # free-running: the batch verifies, so a target cache too
+        stat = make_policy("rift-stat", budget=16, obs_window=8)
+        asks = [BatchRequest(_prompt(500 + i, 20 + 3 * i), stat, max_new_tokens=n) for i, n in enumerate(lengths)]
+        speculative_generate_batch(model, asks, draft_length=4)
+    assert len(freed) >= 3 and all(all(layers) for layers in freed), freed

@@ -76,6 +76,21 @@ def _next_token(
     return int(greedy_tokens(logits))
 
 
+def _prefilled_batch(model: Any, requests: Sequence[ResponseRequest]) -> tuple[BatchedCache, list[torch.Tensor]]:
+    """Each prompt prefilled alone (full KV, room for its response), joined into one batch; each row's last logits."""
+    device = next(model.parameters()).device
+    caches, logits = [], []
+    for request in requests:
+        cache = row_cache(model, FULL_POLICY)
+        cache.expect_positions(len(request.prompt_ids) + request.max_new_tokens)  # never grown while decoding
+        ids = torch.tensor([request.prompt_ids], device=device)
+        logits.append(model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1])
+        for layer in cache.budgeted_layers:  # decoding reads no query summaries
+            layer.keeps_queries = False
+        caches.append(cache)
+    return BatchedCache.join(model, caches), logits
+
+
 @torch.no_grad()
 def generate_responses(
     model: Any,
@@ -93,25 +108,17 @@ def generate_responses(
     its limit or EOS leaves the batch.
     """
     outputs: list[list[int]] = [[] for _ in requests]
-    caches, logits, active = [], [], []
     for index, request in enumerate(requests):
         if len(request.prompt_ids) < 1:
             raise ValueError(f"requests[{index}].prompt_ids: empty prompt")
-        if request.max_new_tokens <= 0:
-            continue
-        cache = row_cache(model, FULL_POLICY)
-        cache.expect_positions(len(request.prompt_ids) + request.max_new_tokens)  # never grown while decoding
-        device = next(model.parameters()).device
-        ids = torch.tensor([request.prompt_ids], device=device)
-        logits.append(model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1])
-        for layer in cache.budgeted_layers:  # decoding reads no query summaries
-            layer.keeps_queries = False
-        caches.append(cache)
-        active.append(index)
+    active = [index for index, request in enumerate(requests) if request.max_new_tokens > 0]
     if not active:
         return outputs
+    # The rows' layers live in the batch alone, over its storage: a row that leaves it (`keep_rows`) must take no
+    # reference to a storage along. Kept by the caller (a list of the prefilled caches), each finished row's view
+    # held the whole batch's KV of its time: 28 rows of 2K-token prompts grew past 20 GiB as their EOS came.
+    batch, logits = _prefilled_batch(model, [requests[index] for index in active])
     generators = [torch.Generator(device="cpu").manual_seed(request.seed) for request in requests]
-    batch = BatchedCache.join(model, caches)
     while active:
         feeds, starts, keep = [], [], []
         for row, index in enumerate(active):
