@@ -60,7 +60,7 @@ import functools
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -95,29 +95,28 @@ _pieces = threading.local()
 
 
 @contextmanager
-def rows_as_alone() -> Iterator[None]:
-    """bfloat16 packed products of more than `ROWS_HINT` rows run in pieces of `ROWS_HINT` rows inside it (a
-    forward of a batch of requests: each row's products as the request alone gets them)."""
-    outer = getattr(_pieces, "active", False)
-    _pieces.active = True
+def _thread_flag(name: str) -> Iterator[None]:
+    """The thread-local flag ``name`` set inside the block, as it was after it."""
+    outer = getattr(_pieces, name, False)
+    setattr(_pieces, name, True)
     try:
         yield
     finally:
-        _pieces.active = outer
+        setattr(_pieces, name, outer)
 
 
-@contextmanager
-def passing_row_counts() -> Iterator[None]:
+def rows_as_alone() -> AbstractContextManager[None]:
+    """bfloat16 packed products of more than `ROWS_HINT` rows run in pieces of `ROWS_HINT` rows inside it (a
+    forward of a batch of requests: each row's products as the request alone gets them)."""
+    return _thread_flag("active")
+
+
+def passing_row_counts() -> AbstractContextManager[None]:
     """float32 MKL products inside it read a row count's packed copy where one exists, but neither count the call
     nor pack a new one: the shrinking row counts of a round's later draft steps (`rift_ada.speculative._draft`) come
     and go, and packing each of them would evict the steady ones (`MKL_ROW_COUNTS`). Their products are
     ``F.linear``'s, bit for bit the packed ones' (module docstring)."""
-    outer = getattr(_pieces, "passing", False)
-    _pieces.passing = True
-    try:
-        yield
-    finally:
-        _pieces.passing = outer
+    return _thread_flag("passing")
 
 
 def _turned_off() -> bool:

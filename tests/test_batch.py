@@ -276,6 +276,18 @@ class _CacheWitness:
         return self.hook(record, n_committed, cache)
 
 
+def _assert_same_witnessed(got: _CacheWitness, want: _CacheWitness, label: str) -> None:
+    """Two runs' per-stride signals (within 1e-5) and, after every round, each budgeted layer's stored length,
+    query count and positions, query buffer and keys (within 1e-5)."""
+    for got_row, want_row in zip(got.hook.strides, want.hook.strides, strict=True):
+        assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
+    for got_round, want_round in zip(got.seen, want.seen, strict=True):
+        for (length, count, positions, queries, keys), want_layer in zip(got_round, want_round, strict=True):
+            assert (length, count, positions) == want_layer[:3], label
+            torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_cropped_rollback_leaves_the_draft_cache_as_a_re_feed_does(temperature, monkeypatch):
     """Rows that drop rejected draft steps by a crop (rift-stat, snapkv, full) keep the KV and queries
@@ -312,14 +324,7 @@ def test_a_cropped_rollback_leaves_the_draft_cache_as_a_re_feed_does(temperature
         assert [r.accepted for r in got.rounds] == [r.accepted for r in want.rounds], label
         assert [r.refreshed for r in got.rounds] == [r.refreshed for r in want.rounds], label
         full_accepts += sum(r.accepted == 4 for r in got.rounds)
-        got_hook, want_hook = cropped_requests[index].refresh_hook, re_fed_requests[index].refresh_hook
-        for got_row, want_row in zip(got_hook.hook.strides, want_hook.hook.strides, strict=True):
-            assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
-        for got_round, want_round in zip(got_hook.seen, want_hook.seen, strict=True):
-            for (length, count, positions, queries, keys), want_layer in zip(got_round, want_round, strict=True):
-                assert (length, count, positions) == want_layer[:3], label
-                torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
+        _assert_same_witnessed(cropped_requests[index].refresh_hook, re_fed_requests[index].refresh_hook, label)
     assert full_accepts > 0  # rounds whose last draft no step fed (the one token a cropped rollback feeds)
 
 
@@ -393,15 +398,7 @@ def test_teacher_forced_rows_stop_drafting_at_their_first_rejection(architecture
             rejected_rounds += record.accepted < steps
         got_entropies = [value for r in got.rounds for value in r.draft_entropies]
         assert got_entropies == pytest.approx([value for r in want.rounds for value in r.draft_entropies], abs=1e-5)
-        got_hook, want_hook = requests[index].refresh_hook, ride_requests[index].refresh_hook
-        for got_row, want_row in zip(got_hook.hook.strides, want_hook.hook.strides, strict=True):
-            assert got_row == {key: pytest.approx(value, abs=1e-5) for key, value in want_row.items()}, label
-        for got_round, want_round in zip(got_hook.seen, want_hook.seen, strict=True):
-            for (length, count, positions, queries, keys), want_layer in zip(got_round, want_round, strict=True):
-                assert (length, count, positions) == want_layer[:3], label
-                if queries is not None:
-                    torch.testing.assert_close(queries, want_layer[3], atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(keys, want_layer[4], atol=1e-5, rtol=1e-5)
+        _assert_same_witnessed(requests[index].refresh_hook, ride_requests[index].refresh_hook, label)
         alone_request = _own_output_requests(model, temperature)[index]
         alone = speculative_generate_batch(model, [alone_request], draft_length=draft_length, temperature=temperature)
         assert got.tokens == alone[0].tokens, label
