@@ -87,13 +87,12 @@ class QueryLog:
         self.modules[layer_idx] = module
         self.steps.setdefault(layer_idx, []).append((query, getattr(module, "_rift_position_embeddings", None)))
 
-    def queries(self, layer_idx: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b, h, forwards, d) post-RoPE and pre-RoPE queries of ``layer_idx``'s logged single-token forwards. A
-        forward that fed some rows only (`feeds`) leaves the other rows' entries zero: ``batch`` rows in all."""
-        steps = self.steps[layer_idx]
+    def queries(self, layer_idx: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, h, forwards, d) post-RoPE and pre-RoPE queries of ``layer_idx``'s logged single-token forwards. A
+        forward that fed some rows only (`feeds`) leaves the other rows' entries zero."""
         spread = [
-            (step if rows is None or batch is None else _rows_of_batch(step, rows, batch))
-            for step, rows in zip(steps, self.step_rows or [None] * len(steps), strict=True)
+            step if rows is None else (_of_batch(step[0], rows, batch), _of_batch(step[1], rows, batch))
+            for step, rows in zip(self.steps[layer_idx], self.step_rows, strict=True)
         ]
         query = torch.cat([step[0] for step in spread], 2)
         embeddings = None
@@ -102,18 +101,14 @@ class QueryLog:
         return query, _inverse_rope(self.modules[layer_idx], query, embeddings)
 
 
-def _rows_of_batch(step: tuple[torch.Tensor, Any], rows: list[int], batch: int) -> tuple[torch.Tensor, Any]:
-    """A logged forward of ``rows`` only, as ``batch`` rows (zeros elsewhere): its query and its (cos, sin)."""
-
-    def spread(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.shape[0] != len(rows):  # broadcast over the batch (one row of embeddings for all)
-            return tensor.expand(batch, *tensor.shape[1:])
-        full = tensor.new_zeros((batch, *tensor.shape[1:]))
-        full[rows] = tensor
-        return full
-
-    query, embeddings = step
-    return spread(query), None if embeddings is None else tuple(spread(part) for part in embeddings)
+def _of_batch(tensors: Any, rows: list[int], batch: int) -> Any:
+    """A logged forward's tensor of ``rows`` only (a query, or a (cos, sin) pair, or None) as ``batch`` rows, zeros
+    elsewhere."""
+    if tensors is None or isinstance(tensors, tuple):
+        return None if tensors is None else tuple(_of_batch(part, rows, batch) for part in tensors)
+    full = tensors.new_zeros((batch, *tensors.shape[1:]))
+    full[rows] = tensors
+    return full
 
 
 def log_queries(log: QueryLog | None) -> None:

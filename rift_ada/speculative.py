@@ -499,36 +499,31 @@ def _draft(
     count = len(active)
     drafts = _Drafts([[] for _ in active], [[] for _ in active], [[] for _ in active], [0] * count, [None] * count)
     feeds = [[row.pending] for row in active]
-    width = max(steps)
     every = list(range(count))
-    feeding = every  # the rows this step feeds
-    subsets = cache.feeds_some_rows
-    stopped = [False] * count
+    drafting = every  # the rows still drafting, in order
+    subsets = cache.feeds_some_rows  # else every row is fed every step, a stopped one riding along
     cache.keep_queries(False)
     log_queries(log)
-    forwards = 0
     try:
-        for step in range(width):
-            forwards += 1
-            rows = feeding if subsets else every
+        for step in range(max(steps)):
+            rows = drafting if subsets else every
+            some = None if len(rows) == count else rows  # the rows this step feeds, when not all
             if subsets:
-                cache.feed_rows(None if len(rows) == count else rows)
-                if log is not None:
-                    log.feeds(None if len(rows) == count else list(rows))
+                cache.feed_rows(some)
+            if log is not None:
+                log.feeds(some)
             positions = [active[index].cache_length + step for index in rows]
-            with passing_row_counts() if len(rows) < count else contextlib.nullcontext():
+            with passing_row_counts() if some is not None else contextlib.nullcontext():
                 out = forward_rows(draft_model, cache, [feeds[index] for index in rows], positions)
             # one exact float32 upcast serves entropy, sampling and the greedy choice
             logits = torch.stack([row_logits[-1] for row_logits in out]).float()
             step_entropy = token_entropy(logits, temperature).tolist()
             greedy = greedy_tokens(logits).tolist()
             still = []
-            for slot, index in enumerate(rows):
-                if stopped[index]:  # rides along (a cache that feeds every row)
-                    continue
+            for position, index in enumerate(drafting):
+                slot = position if subsets else index  # the row's place in this step's forward
                 drafts.fed[index] += 1
                 if step >= steps[index]:  # this row has drafted enough: the step fed its last draft
-                    stopped[index] = True
                     continue
                 row = active[index]
                 forced = row.request.forced_tokens
@@ -548,19 +543,18 @@ def _draft(
                 feeds[index] = [token]
                 if forced is not None and not _forced_accepts(row, step, token, dist, temperature):
                     drafts.accepted[index] = step
-                    stopped[index] = True
                     continue
                 still.append(index)
             if not still:
                 break
-            feeding = still
+            drafting = still
     finally:
         if subsets:
             cache.feed_rows(None)
         log_queries(None)
         cache.keep_queries(True)
     if not subsets:  # every row was fed every step
-        drafts.fed = [forwards] * count
+        drafts.fed = [step + 1] * count
     for index, row in enumerate(active):
         if row.request.forced_tokens is not None and drafts.accepted[index] is None:
             drafts.accepted[index] = len(drafts.tokens[index])  # every draft accepted
