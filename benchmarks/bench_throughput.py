@@ -14,7 +14,9 @@ library function a collection calls, in a worker process that loaded the model o
   periodic refresh every 32 tokens, K = 11, T = 0, KV self-speculation), tokens = committed tokens;
   ``--closed-requests N`` runs N of them instead (request i the i mod b-th's prompt and response), so
   that finished runs hand their slot on (continuous batching) as in an evidence run's closed loop, where
-  the batch stays full until the last b runs;
+  the batch stays full until the last b runs; ``--runs-per-prompt R`` runs each of the b requests R times in a
+  row, as a collection runs its policies of one request (refresh every 32, 16, 64, 128 tokens in turn), so a
+  tree that prefills each prompt once for its adjacent runs (since `_SharedPrefills`) pays b prefills, not b R;
 - ``probe``: `probe_requests(batch_size=b)` of b requests (default arms, stride 8), tokens = positions.
 
 The forced responses are generated once (the first worker, greedy) and shared by every worker.
@@ -80,6 +82,7 @@ import torch
 
 STAGES = ("closed", "probe", "targets")
 DRAFT_LENGTH = 11
+RUN_INTERVALS = (32, 16, 64, 128)  # --runs-per-prompt: the refresh interval of a request's k-th run, in turn
 GOALS = {"closed": 4.0, "probe": 2.0, "targets": 3.0}  # issue 28: new tok/s over the old default's, end to end
 
 
@@ -358,9 +361,15 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
 
     stage, batch, budget, tokens = job["stage"], job["batch"], job["budget"], job["tokens"]
     chosen = prompts[:batch]
+    intervals = [32] * len(chosen)
     if stage == "closed" and job.get("requests"):  # continuous batching: more runs than slots
         chosen = [chosen[i % batch] for i in range(job["requests"])]
         responses = [responses[i % batch] for i in range(job["requests"])]
+    if stage == "closed" and job.get("runs_per_prompt", 1) > 1:  # a collection's policies of each request, in a row
+        per_prompt = job["runs_per_prompt"]
+        chosen = [prompt for prompt in chosen for _ in range(per_prompt)]
+        responses = [response for response in responses[:batch] for _ in range(per_prompt)]
+        intervals = [RUN_INTERVALS[i % len(RUN_INTERVALS)] for _ in range(batch) for i in range(per_prompt)]
     eos = job.get("eos")
     policy = make_policy("rift-stat", budget=budget, obs_window=min(64, budget))
     out: dict[str, Any] = {"stage": stage, "batch": batch}
@@ -377,13 +386,16 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         from rift_ada.speculative import BatchRequest, PeriodicRefresh, speculative_generate_batch
 
         requests = [
-            BatchRequest(p, policy, seed=i, refresh_hook=PeriodicRefresh(32), forced_tokens=r[:tokens])
-            for i, (p, r) in enumerate(zip(chosen, responses, strict=False))
+            BatchRequest(p, policy, seed=i, refresh_hook=PeriodicRefresh(every), forced_tokens=r[:tokens])
+            for i, (p, r, every) in enumerate(zip(chosen, responses, intervals, strict=False))
         ]
         result = speculative_generate_batch(model, requests, draft_length=DRAFT_LENGTH, max_batch=batch)
         out["tokens"] = sum(len(r.tokens) for r in result)
         out["rounds"] = sum(len(r.rounds) for r in result)
         out["runs"] = len(requests)
+        shares = hasattr(speculative, "_SharedPrefills")  # a tree that prefills adjacent runs' prompt once
+        texts = [(p, len(r.forced_tokens)) for p, r in zip(chosen, requests, strict=False)]
+        out["prefills"] = sum(i == 0 or not shares or text != texts[i - 1] for i, text in enumerate(texts))
         out["verifies"] = not hasattr(speculative, "target_token_probs")  # a tree before 4022f1c verifies forced rows
         if hasattr(speculative, "_forced_accepts"):  # a forced row stops drafting at its first rejection
             out["draft_row_steps"] = sum(len(x.draft_entropies) for r in result for x in r.rounds)
@@ -617,8 +629,14 @@ def main(argv: list[str] | None = None) -> int:
         "--closed-requests", type=int, default=0,
         help="closed-loop runs per cell (default: its batch); more run with continuous batching",
     )  # fmt: skip
+    parser.add_argument(
+        "--runs-per-prompt", type=int, default=1,
+        help="closed loop: each request run this many times in a row (a collection's policies of one request)",
+    )  # fmt: skip
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.runs_per_prompt < 1 or (args.runs_per_prompt > 1 and args.closed_requests):
+        parser.error("--runs-per-prompt: must be >= 1, and 1 with --closed-requests")
     if args.quick:
         args.isl, args.tokens, args.probe_tokens, args.budget = 64, 16, 24, 16
         if args.batches == parser.get_default("batches"):
@@ -677,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
                    "tokens": args.probe_tokens if stage == "probe" else args.tokens}  # fmt: skip
             if stage == "closed" and args.closed_requests:
                 job["requests"] = max(args.closed_requests, batch)
+            if stage == "closed" and args.runs_per_prompt > 1:
+                job["runs_per_prompt"] = args.runs_per_prompt
             need = cell_memory(stage, batch, costs, args.isl, job["tokens"], probe_arms_for(job["tokens"]))
             free = available_bytes()
             if need > 0.9 * free:  # the kernel would kill the worker (or the machine's other jobs) part way
@@ -745,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seconds = statistics.median(c[clock] for c in mine)
                 tok = mine[0]["tokens"]
-                prefill_s = prefills[batch] * mine[0].get("runs", batch) / batch  # the b prompts, cycled over the runs
+                # the b prompts, cycled over the runs, each prefilled as often as the tree did
+                prefill_s = prefills[batch] * mine[0].get("prefills", mine[0].get("runs", batch)) / batch
                 decode_s = max(1e-9, seconds - prefill_s)
                 floor = stage_floor(mine[0], code_costs[name], bandwidth, gemm[name], args.budget)
                 rate, decode = tok / seconds, tok / decode_s

@@ -108,6 +108,18 @@ class BudgetedLayer(DynamicLayer):
         self.rescore_block: int | None = None
         self._mass_blocks: dict[int, torch.Tensor] = {}  # first query position -> (rows, kv, group, n then)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> BudgetedLayer:
+        """A copy with its own state (stored KV, selection, query buffer) that still reads the model's own
+        ``rope``, ``output_weight`` and ``sinks`` (a copied cache serves the same model)."""
+        for owned in (self.rope, self.output_weight, self.sinks):
+            if owned is not None:
+                memo.setdefault(id(owned), owned)
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
+
     # ---- storage ---------------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device

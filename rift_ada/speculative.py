@@ -32,7 +32,7 @@ import functools
 import inspect
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -311,6 +311,61 @@ def target_token_probs(
     return torch.cat(probs) if probs else torch.zeros(0)
 
 
+def _row_limit(request: BatchRequest) -> int:
+    """Output tokens the request runs for: its forced response's length, else ``max_new_tokens``."""
+    return len(request.forced_tokens) if request.forced_tokens is not None else request.max_new_tokens
+
+
+def _row_positions(request: BatchRequest, draft_length: int) -> int:
+    """The most positions a row's caches ever store (a round's verification past its limit included)."""
+    return len(request.prompt_ids) + _row_limit(request) + draft_length + 1
+
+
+def _prefill_key(request: BatchRequest, draft_length: int) -> tuple:
+    """What a row's prefilled caches depend on: its prompt, its cache policy but the refresh interval (only the
+    refresh hook reads it) and the positions they are sized for."""
+    policy = replace(request.policy, refresh_interval=None)
+    return tuple(request.prompt_ids), policy, _row_positions(request, draft_length)
+
+
+class _SharedPrefills:
+    """Each prompt prefilled once for the runs next to each other in a batch call's ``requests`` that share it (a
+    collection's policies of one request): after a row's prefill its caches are kept while the next request has the
+    same `_prefill_key`, and that row takes a copy. A prefill is deterministic, so a copy holds the bits a prefill of
+    its own would, and every run still equals itself alone; at most one prompt's caches are kept (the runs join in
+    request order)."""
+
+    def __init__(self, keys: list[tuple]) -> None:
+        self.keys = keys
+        self.kept: tuple[tuple, Any] | None = None  # (key, the caches of that key's next run)
+        self.prefills = 0  # prompts actually prefilled
+
+    def caches(self, index: int, prefill: Callable[[], Any]) -> Any:
+        """Request ``index``'s prefilled caches: the kept copy where the request before it shared its prompt, else
+        ``prefill()``."""
+        key = self.keys[index]
+        if self.kept is not None and self.kept[0] == key:
+            caches = self.kept[1]
+        else:
+            caches = prefill()
+            self.prefills += 1
+        shares_next = index + 1 < len(self.keys) and self.keys[index + 1] == key
+        self.kept = (key, copy.deepcopy(caches)) if shares_next else None
+        return caches
+
+
+def _prefill_row_caches(
+    draft_model: Any, target: Any, request: BatchRequest, positions: int, verifies: bool
+) -> tuple[BudgetedCache, BudgetedCache | None]:
+    """A row's draft cache holding its prompt but the last token, and (``verifies``) its target cache."""
+    draft_cache = row_cache(draft_model, request.policy)
+    draft_cache.expect_positions(positions)
+    forward_tokens(draft_model, request.prompt_ids[:-1], draft_cache, 0, logits=False)
+    draft_cache.query_summary()  # query summaries cover the output only
+    target_cache = _prefilled_target_cache(draft_model, target, draft_cache, request, positions) if verifies else None
+    return draft_cache, target_cache
+
+
 def _start_row(
     draft_model: Any,
     target: Any,
@@ -322,19 +377,22 @@ def _start_row(
     temperature: float = 0.0,
     verifies: bool = True,
     target_passes: dict[tuple, torch.Tensor] | None = None,
+    prefills: _SharedPrefills | None = None,
 ) -> tuple[_Row, Any, Any]:
-    """Prefill one request alone (exactly as a single run does); its caches join the batch after. A teacher-forced
-    request at T > 0 also gets its response's target probabilities (`target_token_probs`), taken from
-    ``target_passes`` where an earlier run of the same prompt and response put them (a collection's policies share
-    a request's text). ``verifies=False`` (a batch of teacher-forced rows only): no target cache (None)."""
+    """Prefill one request alone (exactly as a single run does), or take a copy of the previous request's prefill
+    where ``prefills`` shares it; its caches join the batch after. A teacher-forced request at T > 0 also gets its
+    response's target probabilities (`target_token_probs`), taken from ``target_passes`` where an earlier run of
+    the same prompt and response put them (a collection's policies share a request's text). ``verifies=False`` (a
+    batch of teacher-forced rows only): no target cache (None)."""
     prompt = request.prompt_ids
     forced = request.forced_tokens
-    limit = len(forced) if forced is not None else request.max_new_tokens
-    positions = len(prompt) + limit + draft_length + 1  # the most a round's verification ever stores
-    draft_cache = row_cache(draft_model, request.policy)
-    draft_cache.expect_positions(positions)
-    forward_tokens(draft_model, prompt[:-1], draft_cache, 0, logits=False)
-    draft_cache.query_summary()  # query summaries cover the output only
+    limit = _row_limit(request)
+    positions = _row_positions(request, draft_length)
+
+    def prefill() -> tuple[BudgetedCache, BudgetedCache | None]:
+        return _prefill_row_caches(draft_model, target, request, positions, verifies)
+
+    draft_cache, target_cache = prefill() if prefills is None else prefills.caches(index, prefill)
     target_probs = None
     if forced is not None and temperature > 0:
         text = (tuple(prompt), tuple(forced))
@@ -345,7 +403,6 @@ def _start_row(
             del scratch
             if target_passes is not None:
                 target_passes[text] = target_probs
-    target_cache = _prefilled_target_cache(draft_model, target, draft_cache, request, positions) if verifies else None
     hook = request.refresh_hook
     if hook is None and request.policy.refresh_interval is not None:
         hook = PeriodicRefresh(request.policy.refresh_interval)
@@ -402,6 +459,7 @@ def speculative_generate_batch(
     draft_cache = target_cache = None
     verifies = any(request.forced_tokens is None for request in requests)  # else no round reads the target
     target_passes: dict[tuple, torch.Tensor] = {}  # a forced text's p_target, computed once a call (T > 0)
+    prefills = _SharedPrefills([_prefill_key(request, draft_length) for request in requests])
     while True:
         joining = list(itertools.islice(waiting, slots - len(active)))
         if joining:
@@ -416,6 +474,7 @@ def speculative_generate_batch(
                     temperature=temperature,
                     verifies=verifies,
                     target_passes=target_passes,
+                    prefills=prefills,
                 )
                 for index in joining
             ]
