@@ -11,7 +11,7 @@ from rich.text import Text
 
 from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
-from rift_ada.throughput import CLOSED_BATCH
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH
 
 BenchSizeName = Literal["tiny", "small", "full"]  # the keys of experiments.bench.BENCH_SIZES (a test keeps them equal)
 OUT_HELP = "Run directory (re-running continues where it stopped)."
@@ -56,7 +56,7 @@ def bench(
         ),
     ] = None,
     probe_batch_size: Annotated[
-        int | None, typer.Option(help="Requests stacked in one probe forward (default 8).")
+        int | None, typer.Option(help=f"Requests stacked in one probe forward (default {PROBE_BATCH}).")
     ] = None,
     confirm_extra: Annotated[
         int | None,

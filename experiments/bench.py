@@ -40,7 +40,7 @@ from rift_ada.experiments.evaluation import evaluate_run
 from rift_ada.memory import release_free_heap
 from rift_ada.policy_spec import periodic_label
 from rift_ada.scorers.registry import SCORER_NAMES
-from rift_ada.throughput import CLOSED_BATCH
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH
 
 Progress = Callable[[str, int, int | None], None]
 # ``stage -> on_tokens(tokens, rounds)``: tokens committed as a long stage runs (the CLI's ``tokens_callback``)
@@ -82,9 +82,7 @@ class BenchSize:
     split: tuple[float, float, float] = (0.34, 0.33, 0.33)
     table_requests: int | None = None  # confirmation requests that run every Table 1 method (None: all)
     batch_size: int = CLOSED_BATCH  # requests per batched forward of the targets and the closed loop
-    # Requests stacked in one probe forward (each holds every arm's KV history). 8 ran at 1.34x one request's
-    # tokens per CPU second in docs/performance.md's throughput table; the bench probed at 8 before this field.
-    probe_batch_size: int = 8
+    probe_batch_size: int = PROBE_BATCH  # requests stacked in one probe forward (each holds every arm's KV history)
     # T > 0 closed loop: real rejection sampling (each policy its own text) instead of teacher forcing
     # every policy on the target responses (the same law given the text; docs/calibration.md, 5b)
     free_running: bool = False

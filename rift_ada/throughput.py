@@ -2,9 +2,14 @@
 
 Measured on CPU with ``benchmarks/bench_throughput.py`` (docs/notes/2026-12-05-throughput-history.md): the
 closed loop and target generation gain up to 16 rows per forward. The probe already runs every arm
-of a request as rows of one forward, and stacking requests gave no steady gain on CPU (4 requests
+of a request as rows of one forward; stacking requests gave no steady gain on CPU then (4 requests
 below 1, 8 above it, within the machine's noise), while each request holds every arm's KV history
-(about 0.85 GB for a 2K-token prompt and 256 output tokens on SmolLM2-135M, fp32): it stays at 1.
+(about 0.85 GB for a 2K-token prompt and 256 output tokens on SmolLM2-135M, fp32), so it stayed at 1.
+Since float32 Linears read packed weights (2026-12-06) stacking pays on the AMD Zen 4: float32 SmolLM2, 128-token
+probes of ISL 328-448 prompts, 2 repeats, 16.4 / 18.4 / 19.4 tok/CPU-s at 1 / 4 / 8 requests (1.18x at 8; 32-token
+probes 1.17x at 8, 1.25x at 16), and 8 requests of 2K-token prompts with 256-token probes peak at 10.5 GiB, under the
+closed loop's 11.9 GiB at its 32 rows (16 would hold twice that): so `PROBE_BATCH` is 8 (docs/performance.md), the
+size `rift-ada bench` probed at already.
 Re-measured up to 64 rows on 2026-12-02 (the same note): the closed loop's
 decode rate peaks at 32 rows (1.15x 16 rows) and the targets' at 64 (2.1x 16 rows), but memory grows
 with the rows: with 2K-token prompts the closed loop already peaks at 6.2 GiB at 16 rows and the probe
@@ -38,7 +43,7 @@ from rift_ada.models import default_dtype
 
 CLOSED_BATCH = 32  # closed-loop (request x policy) runs, confirmation included, in every dtype (see above)
 TARGETS_BATCH = 16  # target responses generated together
-PROBE_BATCH = 1  # probed requests whose arms (and canonical passes) share each forward
+PROBE_BATCH = 8  # probed requests whose arms (and canonical passes) share each forward
 REDUCED_PRECISION_DTYPES = ("bfloat16", "float16")
 
 

@@ -320,7 +320,8 @@ def test_killed_collection_resumes_to_the_uninterrupted_result(tmp_path: Path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     status = trace_status(crashed)
     assert status["n_parts"] == 2 and status["n_requests_committed"] == 2
-    assert read_probe_traces(crashed).requests["request_id"].tolist() == ["job-0", "job-1"]
+    committed = read_probe_traces(crashed).requests["request_id"].tolist()  # the first two to finish (8 probe at once)
+    assert len(set(committed)) == 2 and set(committed) <= {f"job-{index}" for index in range(4)}
 
     resumed = _run_job(script, crashed, crash_after=0)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
