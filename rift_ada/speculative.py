@@ -329,28 +329,31 @@ def _prefill_key(request: BatchRequest, draft_length: int) -> tuple:
 
 
 class _SharedPrefills:
-    """Each prompt prefilled once for the runs next to each other in a batch call's ``requests`` that share it (a
-    collection's policies of one request): after a row's prefill its caches are kept while the next request has the
-    same `_prefill_key`, and that row takes a copy. A prefill is deterministic, so a copy holds the bits a prefill of
-    its own would, and every run still equals itself alone; at most one prompt's caches are kept (the runs join in
-    request order)."""
+    """Each prompt prefilled once per cache policy for the runs of it that stand next to each other in a batch call's
+    ``requests`` (a collection lists every policy of a request in a row): after a row's prefill its caches are kept
+    while a later run of that block has the same `_prefill_key`, and that run takes a copy. A prefill is
+    deterministic, so a copy holds the bits a prefill of its own would, and every run still equals itself alone.
+    The runs join in request order, so what is kept is one prompt's caches, one per cache policy its block uses."""
 
     def __init__(self, keys: list[tuple]) -> None:
         self.keys = keys
-        self.kept: tuple[tuple, Any] | None = None  # (key, the caches of that key's next run)
+        self.block_end = [len(keys)] * len(keys)  # per request: the end of the adjacent requests with its prompt
+        for index in reversed(range(len(keys) - 1)):
+            same = keys[index + 1][0] == keys[index][0]
+            self.block_end[index] = self.block_end[index + 1] if same else index + 1
+        self.kept: dict[tuple, Any] = {}  # key -> the caches its next run takes
         self.prefills = 0  # prompts actually prefilled
 
     def caches(self, index: int, prefill: Callable[[], Any]) -> Any:
-        """Request ``index``'s prefilled caches: the kept copy where the request before it shared its prompt, else
+        """Request ``index``'s prefilled caches: the copy kept by an earlier run of its block with its key, else
         ``prefill()``."""
         key = self.keys[index]
-        if self.kept is not None and self.kept[0] == key:
-            caches = self.kept[1]
-        else:
+        caches = self.kept.pop(key, None)
+        if caches is None:
             caches = prefill()
             self.prefills += 1
-        shares_next = index + 1 < len(self.keys) and self.keys[index + 1] == key
-        self.kept = (key, copy.deepcopy(caches)) if shares_next else None
+        if key in self.keys[index + 1 : self.block_end[index]]:
+            self.kept[key] = copy.deepcopy(caches)
         return caches
 
 

@@ -451,14 +451,16 @@ def test_a_row_that_leaves_the_batch_takes_no_view_of_its_storage(stage, monkeyp
     ("architecture", "temperature"), [("llama", 0.0), ("llama", 1.0), ("gpt_oss", 0.0), ("qwen3_5", 1.0)]
 )
 def test_adjacent_runs_of_one_prompt_share_its_prefill(architecture, temperature, monkeypatch):
-    """A collection's policies of one request are adjacent runs of one prompt: the prompt is prefilled once and
-    each later run takes a copy (`_SharedPrefills`), so a batch of 3 prompts x 4 runs prefills 3 times (a run
-    whose cache policy differs beyond its refresh interval prefills its own), and every run, refreshing its own
-    copy on its own schedule, equals itself alone. With 2 slots the later runs join while the first still run."""
+    """A collection's policies of one request are adjacent runs of one prompt: the prompt is prefilled once per
+    cache policy and each later run of it takes a copy (`_SharedPrefills`), so a batch of 3 prompts x 5 runs over 2
+    cache policies (refresh intervals aside) prefills 6 times, and every run, refreshing its own copy on its own
+    schedule, gives the bits it gives with a prefill of its own and what it gives alone. With 2 slots the later
+    runs join while the first still run."""
     import rift_ada.speculative as speculative
 
     model = tiny_model(architecture, seed=9)
     stat = make_policy("rift-stat", budget=16, obs_window=8)
+    snapkv = make_policy("snapkv", budget=12, obs_window=8)
     prefilled: list[int] = []
     real_prefill = speculative._prefill_row_caches
 
@@ -472,19 +474,18 @@ def test_adjacent_runs_of_one_prompt_share_its_prefill(architecture, temperature
         made = []
         for index in range(3):
             prompt, forced = _prompt(600 + index, 20 + 7 * index), _prompt(700 + index, 16)
-            for hook in (PeriodicRefresh(3), PeriodicRefresh(7), _drift_hook()):
-                made.append(BatchRequest(prompt, stat, seed=index, refresh_hook=hook, forced_tokens=forced))
             every_5 = dataclasses.replace(stat, refresh_interval=5)  # the same cache, its own Δ
-            made.append(BatchRequest(prompt, every_5, seed=index, forced_tokens=forced))
-        made.append(BatchRequest(prompt, make_policy("snapkv", budget=12, obs_window=8), max_new_tokens=16))
+            for policy, hook in ((stat, PeriodicRefresh(3)), (snapkv, None), (stat, PeriodicRefresh(7)),
+                                 (stat, _drift_hook()), (every_5, None)):  # fmt: skip
+                made.append(BatchRequest(prompt, policy, seed=index, refresh_hook=hook, forced_tokens=forced))
         return made
 
     batched = speculative_generate_batch(model, runs(), draft_length=4, temperature=temperature, max_batch=2)
-    assert len(prefilled) == 4  # 3 prompts, and the last run's other cache policy
+    assert len(prefilled) == 6  # 3 prompts x 2 cache policies
     assert sum(result.refreshes for result in batched) > 0
     monkeypatch.setattr(speculative._SharedPrefills, "caches", lambda self, index, prefill: prefill())
     own = speculative_generate_batch(model, runs(), draft_length=4, temperature=temperature, max_batch=2)
-    assert len(prefilled) == 4 + 13  # without sharing: one prefill a run
+    assert len(prefilled) == 6 + 15  # without sharing: one prefill a run
     for index, (request, got, want) in enumerate(zip(runs(), batched, own, strict=True)):
         label = f"{architecture} T={temperature} run {index}"
         assert got.tokens == want.tokens, label  # the same batch with a prefill of its own: the same bits
@@ -495,5 +496,5 @@ def test_adjacent_runs_of_one_prompt_share_its_prefill(architecture, temperature
         assert [(r.accepted, r.refreshed) for r in got.rounds] == [(r.accepted, r.refreshed) for r in alone.rounds]
         entropies = [v for r in got.rounds for v in r.draft_entropies]
         assert entropies == pytest.approx([v for r in alone.rounds for v in r.draft_entropies], abs=1e-5), label
-    refreshes = [[r.position for r in result.rounds if r.refreshed] for result in batched[:4]]
-    assert len({tuple(positions) for positions in refreshes}) > 1  # the copies refreshed on their own schedules
+    refreshes = [[r.position for r in result.rounds if r.refreshed] for result in batched[:5]]
+    assert len({tuple(positions) for positions in refreshes}) > 2  # the copies refreshed on their own schedules

@@ -477,6 +477,35 @@ def test_empty_or_malformed_dataset_file_is_named(tmp_path: Path):
     assert [request.request_id for request in load_dataset(f"jsonl:{good}")] == ["a"]
 
 
+def test_a_closed_collection_prefills_each_request_once_per_cache_policy(tmp_path: Path, monkeypatch):
+    """stat, periodic and controller policies read one cache policy (the run's rift-stat), so a request's runs of
+    them share one prefill (`speculative._SharedPrefills`), the full-KV policy between them its own; the traces
+    equal those of a collection that prefills every run."""
+    import rift_ada.speculative as speculative
+
+    model, requests, targets = _small_job(3)
+    policies = ["stat", "periodic:8", "full", "periodic:16"]
+    prefilled: list[int] = []
+    real_prefill = speculative._prefill_row_caches
+
+    def counting(*args):
+        prefilled.append(1)
+        return real_prefill(*args)
+
+    monkeypatch.setattr(speculative, "_prefill_row_caches", counting)
+    collect_closed(model, requests, targets, tmp_path / "shared", SMALL, policies, batch_size=3)
+    assert len(prefilled) == 3 * 2
+    monkeypatch.setattr(speculative._SharedPrefills, "caches", lambda self, index, prefill: prefill())
+    collect_closed(model, requests, targets, tmp_path / "own", SMALL, policies, batch_size=3)
+    assert len(prefilled) == 3 * 2 + 3 * 4
+    shared, own = (read_tables(tmp_path / name, kinds=["rounds", "strides"]) for name in ("shared", "own"))
+    for kind in ("rounds", "strides"):
+        got, want = _columns(shared[kind]), _columns(own[kind])
+        assert got.keys() == want.keys() and len(got["request_id"]) > 0, kind
+        for column in want:
+            np.testing.assert_array_equal(got[column], want[column], err_msg=f"{kind}.{column}")
+
+
 # --------------------------------------------------------------------------------------------
 # 2 and 5. Probe + closed collection of the same requests: replay fidelity, closed-mode tables
 # --------------------------------------------------------------------------------------------
