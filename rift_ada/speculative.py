@@ -342,7 +342,6 @@ class _SharedPrefills:
             same = keys[index + 1][0] == keys[index][0]
             self.block_end[index] = self.block_end[index + 1] if same else index + 1
         self.kept: dict[tuple, Any] = {}  # key -> the caches its next run takes
-        self.prefills = 0  # prompts actually prefilled
 
     def caches(self, index: int, prefill: Callable[[], Any]) -> Any:
         """Request ``index``'s prefilled caches: the copy kept by an earlier run of its block with its key, else
@@ -351,7 +350,6 @@ class _SharedPrefills:
         caches = self.kept.pop(key, None)
         if caches is None:
             caches = prefill()
-            self.prefills += 1
         if key in self.keys[index + 1 : self.block_end[index]]:
             self.kept[key] = copy.deepcopy(caches)
         return caches
@@ -382,8 +380,8 @@ def _start_row(
     target_passes: dict[tuple, torch.Tensor] | None = None,
     prefills: _SharedPrefills | None = None,
 ) -> tuple[_Row, Any, Any]:
-    """Prefill one request alone (exactly as a single run does), or take a copy of the previous request's prefill
-    where ``prefills`` shares it; its caches join the batch after. A teacher-forced request at T > 0 also gets its
+    """Prefill one request alone (exactly as a single run does), or take the copy of an earlier run's prefill that
+    ``prefills`` kept for it; its caches join the batch after. A teacher-forced request at T > 0 also gets its
     response's target probabilities (`target_token_probs`), taken from ``target_passes`` where an earlier run of
     the same prompt and response put them (a collection's policies share a request's text). ``verifies=False`` (a
     batch of teacher-forced rows only): no target cache (None)."""

@@ -6,10 +6,11 @@ of a request as rows of one forward; stacking requests gave no steady gain on CP
 below 1, 8 above it, within the machine's noise), while each request holds every arm's KV history
 (about 0.85 GB for a 2K-token prompt and 256 output tokens on SmolLM2-135M, fp32), so it stayed at 1.
 Since float32 Linears read packed weights (2026-12-06) stacking pays on the AMD Zen 4: float32 SmolLM2, 128-token
-probes of ISL 328-448 prompts, 2 repeats, 16.4 / 18.4 / 19.4 tok/CPU-s at 1 / 4 / 8 requests (1.18x at 8; 32-token
-probes 1.17x at 8, 1.25x at 16), and 8 requests of 2K-token prompts with 256-token probes peak at 10.5 GiB, under the
-closed loop's 11.9 GiB at its 32 rows (16 would hold twice that): so `PROBE_BATCH` is 8 (docs/performance.md), the
-size `rift-ada bench` probed at already.
+probes of ISL 328-448 prompts, 2 repeats on an idle machine, 20.8 against 16.4 tok/CPU-s at 8 requests against 1
+(1.27x; 32-token probes 1.17x at 8, 1.25x at 16), about 1.0-1.2x with another model job beside it; and 8 requests of
+2K-token prompts with 256-token probes peak at 10.5 GiB, under the closed loop's 11.9 GiB at its 32 rows (16 would hold
+twice that): so `PROBE_BATCH` is 8 (docs/notes/2026-12-07-shared-prefills.md), the size `rift-ada bench` probed at
+already.
 Re-measured up to 64 rows on 2026-12-02 (the same note): the closed loop's
 decode rate peaks at 32 rows (1.15x 16 rows) and the targets' at 64 (2.1x 16 rows), but memory grows
 with the rows: with 2K-token prompts the closed loop already peaks at 6.2 GiB at 16 rows and the probe
