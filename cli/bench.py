@@ -169,7 +169,7 @@ def demo(
     out: Annotated[Path, typer.Option(help=OUT_HELP)] = Path("runs/demo"),
     size: Annotated[
         BenchSizeName,
-        typer.Option(help="small (default: T = 1, B = 128, ~6 min on 2 cores), tiny (smoke test) or full (hours)."),
+        typer.Option(help="small (default: T = 1, B = 128, ~5 min on 2 cores), tiny (smoke test) or full (hours)."),
     ] = "small",
     model: ModelOption = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded",

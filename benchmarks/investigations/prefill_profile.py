@@ -1,0 +1,100 @@
+"""Where one prompt's prefill goes, and where a probe stride goes (SmolLM2-135M, float32, one thread).
+
+``prefill``: one plain full-KV prefill of the bench's first ragged prompt (ISL 448) but its last token, timed three
+times, then its operators by self CPU time (torch.profiler): the Linears' rate against the GEMM's shows whether a
+prefill has anything left to gain. ``probe``: `probe_requests` of ``--batch`` requests (random ``--tokens``-token
+responses), its requests' set-up (prefill, arms' copies) apart from its strides, then the strides' Python by
+cumulative time (cProfile).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py prefill
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py probe --batch 8 --tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_throughput  # noqa: E402
+
+
+def profile_prefill(model, prompt: list[int]) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt[:-1]])
+
+    def run() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=DynamicCache(config=model.config), logits_to_keep=1)
+
+    run()
+    seconds = []
+    for _ in range(3):
+        start = time.process_time()
+        run()
+        seconds.append(time.process_time() - start)
+    body = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n and "lm_head" not in n]
+    params = sum(p.numel() for p in body)
+    print(f"prefill of {ids.shape[1]} tokens: {', '.join(f'{s:.3f}' for s in seconds)} CPU-s; "
+          f"Linears (no lm_head) {2 * params * ids.shape[1] / 1e9:.1f} GFLOP")  # fmt: skip
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def profile_probe(model, prompts: list[list[int]], batch: int, tokens: int) -> None:
+    import rift_ada.collectors.probe as probe
+    from rift_ada.budget import make_policy
+
+    generator = torch.Generator().manual_seed(0)
+    texts = [(p, torch.randint(0, 49000, (tokens,), generator=generator).tolist()) for p in prompts[:batch]]
+    policy = make_policy("rift-stat", budget=128, obs_window=64)
+    set_up = [0.0]
+    original = probe._RequestProbe.__init__
+
+    def timed(self, *args, **kwargs) -> None:
+        start = time.process_time()
+        original(self, *args, **kwargs)
+        set_up[0] += time.process_time() - start
+
+    probe._RequestProbe.__init__ = timed
+    dict(probe.probe_requests(model, texts[:2], policy=policy, batch_size=2))  # warm up
+    set_up[0] = 0.0
+    start = time.process_time()
+    dict(probe.probe_requests(model, texts, policy=policy, batch_size=batch))
+    total = time.process_time() - start
+    print(f"probe of {batch} x {tokens}: {total:.2f} CPU-s, set-up {set_up[0]:.2f}, strides {total - set_up[0]:.2f}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    dict(probe.probe_requests(model, texts, policy=policy, batch_size=batch))
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("prefill", "probe"))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    setup = argparse.Namespace(quick=False, preset="smollm2-135m", dtype="float32", isl=448, seed=0)
+    model, tokenizer = bench_throughput.load(setup)
+    prompts = bench_throughput.make_prompts(setup, tokenizer, max(args.batch, 1))
+    if args.what == "prefill":
+        profile_prefill(model, prompts[0])
+    else:
+        profile_probe(model, prompts, args.batch, args.tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
