@@ -448,7 +448,8 @@ def test_a_row_that_leaves_the_batch_takes_no_view_of_its_storage(stage, monkeyp
 
 
 @pytest.mark.parametrize(
-    ("architecture", "temperature"), [("llama", 0.0), ("llama", 1.0), ("gpt_oss", 0.0), ("qwen3_5", 1.0)]
+    ("architecture", "temperature"),
+    [("llama", 0.0), ("llama", 1.0), ("gpt_oss", 0.0), ("qwen3_5", 1.0), ("gemma3_text", 0.0)],
 )
 def test_adjacent_runs_of_one_prompt_share_its_prefill(architecture, temperature, monkeypatch):
     """A collection's policies of one request are adjacent runs of one prompt: the prompt is prefilled once per
