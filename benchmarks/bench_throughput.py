@@ -361,10 +361,11 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
 
     stage, batch, budget, tokens = job["stage"], job["batch"], job["budget"], job["tokens"]
     chosen = prompts[:batch]
-    intervals = [32] * len(chosen)
+    intervals = [32] * batch
     if stage == "closed" and job.get("requests"):  # continuous batching: more runs than slots
         chosen = [chosen[i % batch] for i in range(job["requests"])]
         responses = [responses[i % batch] for i in range(job["requests"])]
+        intervals = [32] * job["requests"]
     if stage == "closed" and job.get("runs_per_prompt", 1) > 1:  # a collection's policies of each request, in a row
         per_prompt = job["runs_per_prompt"]
         chosen = [prompt for prompt in chosen for _ in range(per_prompt)]
