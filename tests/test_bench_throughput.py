@@ -152,3 +152,23 @@ def test_a_closed_loop_that_runs_no_verification_has_the_draft_steps_alone_as_it
     step_flops = 2 * llama["params"] * 16 + 4 * llama["heads"] * llama["head_dim"] * (18 * 128) * 16
     assert forced["compute_tok_s"] == pytest.approx(16 * 5 / (bench.DRAFT_LENGTH * step_flops / 1e11))
     assert forced["compute_tok_s"] > verifying["compute_tok_s"]  # less work per committed token
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_closed_cell_runs_every_run_it_asks_for():
+    """``--closed-requests N`` runs N runs over the slots, and ``--runs-per-prompt R`` each request R times in a row,
+    prefilled once per request by a tree that shares prefills (a bug once cut both to the batch's b runs)."""
+    import argparse
+
+    import torch
+
+    bench = load_bench()
+    setup = argparse.Namespace(quick=True, preset="smollm2-135m", dtype="float32", isl=64, seed=0)
+    model, _ = bench.load(setup)
+    prompts = bench.make_prompts(setup, None, 2)
+    responses = [torch.randint(0, 96, (16,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(2)]
+    job = {"stage": "closed", "batch": 2, "budget": 16, "tokens": 16}
+    continuous = bench.run_cell(model, {**job, "requests": 5}, prompts, responses)
+    assert (continuous["runs"], continuous["tokens"], continuous["prefills"]) == (5, 5 * 16, 5)
+    repeated = bench.run_cell(model, {**job, "runs_per_prompt": 3}, prompts, responses)
+    assert (repeated["runs"], repeated["tokens"], repeated["prefills"]) == (6, 6 * 16, 2)
