@@ -75,14 +75,13 @@ def arms_retained_mass(
     masses = []
     for target in targets:
         selection, valid, prefix_limit = target.selection, target.valid, target.prefix_limit
-        arm_masses = []
-        for arm in range(selection.shape[0]):
-            visible = torch.zeros(selection.shape[1], n_keys, dtype=torch.bool, device=probs.device)
-            visible.scatter_(1, selection[arm], valid[arm].expand_as(selection[arm]))
-            visible[:, : int(prefix_limit[arm])] = True
-            extra = visible[:, None, None, :] & ~in_window[None, None]
-            arm_masses.append((window_mass + (head_probs * extra).sum(-1)).mean())
-        masses.append(torch.stack(arm_masses))
+        n_arms, n_kv = selection.shape[:2]
+        visible = torch.zeros(n_arms, n_kv, n_keys, dtype=torch.bool, device=probs.device)
+        visible.scatter_(2, selection, valid.expand_as(selection))
+        visible |= key_positions < prefix_limit[:, None, None]
+        extra = visible[:, :, None, None, :] & ~in_window  # (A, kv, 1, q, n): seen outside the window
+        arm_masses = window_mass + (head_probs * extra).sum(-1)  # (A, kv, g, q)
+        masses.append(arm_masses.flatten(1).mean(1))
     return torch.stack(masses).mean(0) if masses else torch.zeros(0)
 
 
