@@ -7,9 +7,13 @@ its last ``obs_window`` queries, computed under its own working sets, as a close
 refresh does); ``age:N`` uses the selection it made N tokens before the stride, ``stat`` the
 prefill selection, ``full`` everything. Each compressed arm keeps its own KV history (and
 recurrent state), computed under its own working sets as a closed-loop draft's would be, and all
-of them run as one batched forward per stride (batch = arms). Never a K-step draft loop: the cost
-is one pass per arm per stride, plus one rescoring of the arms that will read it (arm N reads a
-stride's selection N tokens later, if the response lasts that long). An arm at least as old as
+of them run as one batched forward per stride (batch = arms). Arms whose working sets have been
+the same at every stride so far have one history, so they share one row of that batch: every arm
+until the first refresh, ``age:N`` with ``stat`` until stride N / stride + 1 (a 32-token probe of
+the default arms runs 10 arm-strides, not 16; 256 tokens: 187, not 224). Never a K-step draft
+loop: the cost is one pass per distinct history per stride, plus one rescoring of the rows whose
+arms will read it (arm N reads a stride's selection N tokens later, if the response lasts that
+long). An arm at least as old as
 the response's last stride start never refreshes, so it would repeat ``stat``: it is not run, and
 its rows are stat's. Several requests can be probed at once (`probe_requests`): their arms'
 forwards are stacked along the batch (`rift_ada.batch_cache.StackedArmsCache`), and so are their
@@ -36,7 +40,7 @@ from rift_ada.batch_cache import StackedArmsCache
 from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
-from rift_ada.probe_arms import arm_working_sets, expand_arms
+from rift_ada.probe_arms import arm_working_sets, keep_arm_rows
 from rift_ada.speculative import acceptance_given_token, entropy_and_probs, greedy_tokens
 
 
@@ -54,6 +58,7 @@ class ProbeResult:
     query_drift: np.ndarray
     retained_mass: np.ndarray
     token_acceptance: np.ndarray | None = None  # (A, P), T > 0: min(1, q(x) / p(x)) at the response token x
+    arm_rows_run: int = 0  # rows the arms' forwards ran, summed over strides (arms alike share one)
 
 
 def probe_arms(arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES) -> tuple[str, ...]:
@@ -152,21 +157,23 @@ class _RequestProbe:
             _forward(target_model, self.sequence[:, : self.start], self.target_cache, 0, logits_to_keep=1)
         for layer in layers:
             layer.pop_query_summary()
+        # Arms whose working sets have been the same at every stride so far have the same history:
+        # they share one row of the arms cache (all of them until the first refresh), so a stride
+        # runs one row per distinct history. `arm_rows[i]`: compressed arm i's row; rows are ordered
+        # by their first arm.
         arms_cache = self.arms_cache = copy.deepcopy(canonical)
-        expand = torch.zeros(compressed, dtype=torch.long, device=device)
-        for index, layer in enumerate(arms_cache.layers):
-            if isinstance(layer, BudgetedLayer):
-                layer.force_full = False
-                expand_arms(layer, compressed)
-            else:
-                arms_cache.layers[index].reorder_cache(expand)
+        for layer in arms_cache.budgeted_layers:
+            layer.force_full = False
+        self.arm_rows = [0] * compressed
+        self.rows, self.arm_rows_run = 1, 0
         self.arm_layers = arms_cache.budgeted_layers
         self.stackable = StackedArmsCache.stackable(arms_cache)  # may share a forward with other requests
         for layer in self.arm_layers:  # rescoring reuses each stride's attention mass while it is in the window
             layer.rescore_block = decision_stride
 
         self.max_age_strides = max(arm_ages, default=0) // decision_stride
-        self.history: dict[int, list[torch.Tensor] | None] = {}  # stride -> per layer (arms, kv, k) selections
+        # stride -> (per layer (rows, kv, k) selections, each arm's row then), or None where no arm reads it
+        self.history: dict[int, tuple[list[torch.Tensor], list[int]] | None] = {}
         self.arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
         self.full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
         self.stat_selection = [layer.compute_selection() for layer in layers]
@@ -184,34 +191,60 @@ class _RequestProbe:
         self.position = self.start + first
         self.tokens = self.sequence[:, self.position : self.position + self.n_new]
         # Each age arm refreshes from its own history (its KV and its last obs_window queries, both
-        # computed under its own working sets), as a closed-loop draft does: one batched rescoring.
-        # Only the arms that will read this stride's selection rescore: arm i reads it at stride
-        # + age_i / decision_stride, if the response lasts that long (`stat` never reads it).
+        # computed under its own working sets), as a closed-loop draft does: one batched rescoring of
+        # the rows. Only the rows of arms that will read this stride's selection rescore: arm i reads
+        # it at stride + age_i / decision_stride, if the response lasts that long (`stat` never does).
         read_later = [i for i, age in enumerate(arm_ages) if stride + age // decision_stride < self.n_strides]
-        rows = slice(0, max(read_later) + 1) if stride and read_later else None
         history = self.history
-        history[stride] = None if rows is None else [layer.compute_selection(rows) for layer in self.arm_layers]
+        history[stride] = None
+        if stride and read_later:
+            rows = slice(0, max(self.arm_rows[i] for i in read_later) + 1)
+            history[stride] = ([layer.compute_selection(rows) for layer in self.arm_layers], list(self.arm_rows))
         history.pop(stride - self.max_age_strides - 1, None)
         window_start = max(0, self.position - self.layers[0].window + 1)
-        self.arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages]
-        arm_selections = [
-            self.stat_selection if s == 0 else [selection[arm][None] for selection in history[s]]
-            for arm, s in enumerate(self.arm_refresh)
-        ] + [self.stat_selection]
+        self.arm_refresh = [max(0, stride - age // decision_stride) for age in arm_ages] + [0]  # stat: never
+        # An arm's history after this stride: its history before it and the selection it reads now
+        # (the prefill's, or the one a row rescored at its refresh stride). Arms alike share a row.
+        next_rows: dict[tuple[int, int, int], int] = {}
+        parents, selections, arm_rows = [], [], []
+        for arm, refresh in enumerate(self.arm_refresh):
+            source = history[refresh][1][arm] if refresh else -1
+            key = (self.arm_rows[arm], refresh, source)
+            if key not in next_rows:
+                next_rows[key] = len(parents)
+                parents.append(self.arm_rows[arm])
+                selections.append(
+                    self.stat_selection if refresh == 0 else [chosen[source][None] for chosen in history[refresh][0]]
+                )
+            arm_rows.append(next_rows[key])
+        if parents != list(range(self.rows)):
+            self._keep_rows(torch.tensor(parents, device=self.device))
+        self.arm_rows, self.rows = arm_rows, len(parents)
+        self.arm_rows_run += self.rows
         for index, (layer, arm_layer) in enumerate(zip(self.layers, self.arm_layers, strict=True)):
-            working_set = arm_working_sets(layer, [selections[index] for selections in arm_selections], window_start)
+            working_set = arm_working_sets(layer, [chosen[index] for chosen in selections], window_start)
             arm_layer.arms = working_set
             layer.mass_targets = [working_set]
         return self.tokens
 
+    def _keep_rows(self, parents: torch.Tensor) -> None:
+        """Row i of the arms cache becomes a copy of row ``parents[i]`` (every layer's state)."""
+        for layer in self.arms_cache.layers:
+            if isinstance(layer, BudgetedLayer):
+                keep_arm_rows(layer, parents)
+            else:
+                layer.reorder_cache(parents)
+
     def finish(self, arm_logits: torch.Tensor, full_logits: torch.Tensor | None = None) -> None:
         """The canonical (and target) pass of the stride and every value recorded for it.
 
-        ``full_logits`` (1, n_new, vocab): the canonical pass already run (stacked with other requests')."""
+        ``arm_logits`` (rows, n_new, vocab): the arms cache's rows; ``full_logits`` (1, n_new, vocab): the
+        canonical pass already run (stacked with other requests')."""
         stride, n_new, position, temperature = self.stride, self.n_new, self.position, self.temperature
         first = stride * self.decision_stride
         layers, arm_history, full_history = self.layers, self.arm_history, self.full_history
-        arm_history[stride] = [layer.arm_query_sum / n_new for layer in self.arm_layers]
+        arm_row = torch.tensor(self.arm_rows, device=self.device)
+        arm_history[stride] = [layer.arm_query_sum.index_select(0, arm_row) / n_new for layer in self.arm_layers]
         if full_logits is None:
             full_logits = _forward(self.draft_model, self.tokens, self.canonical, position)
         full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
@@ -219,7 +252,7 @@ class _RequestProbe:
             table.pop(stride - self.max_age_strides - 2, None)
         if stride == 0:
             self.arm_first, self.full_first = arm_history[0], full_history[0]
-        mass = torch.stack([layer.retained for layer in layers]).mean(0)
+        mass = torch.stack([layer.retained for layer in layers]).mean(0).index_select(0, arm_row)
         for layer in layers:
             layer.mass_targets = None
         if self.target_model is not None:
@@ -227,26 +260,28 @@ class _RequestProbe:
         else:
             target_logits = full_logits[0]
 
-        n_arms = len(self.arms)
-        all_logits = torch.cat([arm_logits, full_logits], 0)  # (A, n_new, vocab)
+        all_logits = torch.cat([arm_logits, full_logits], 0)  # (rows + 1, n_new, vocab): each row once, then full
+        n_rows = all_logits.shape[0]
         arm_entropy, arm_probs = entropy_and_probs(all_logits, temperature)
         expected = torch.tensor(self.response_ids[first : first + n_new], device=self.device)
         if temperature > 0:
             target_probs = torch.softmax(target_logits.float() / temperature, -1)
             values = torch.minimum(arm_probs, target_probs[None]).sum(-1)
             # Given the text's token x, rejection sampling accepts the draft with min(p, q)(x) / p(x).
-            draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(n_arms, -1, 1))[..., 0]
+            draft_at_token = arm_probs.gather(-1, expected[None, :, None].expand(n_rows, -1, 1))[..., 0]
             target_at_token = target_probs.gather(-1, expected[:, None])[:, 0]
             given_token = acceptance_given_token(draft_at_token, target_at_token[None])
-            self.token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()
         else:
             values = (greedy_tokens(all_logits) == expected[None]).float()
-        self.outcome[:, first : first + n_new] = values.cpu().numpy()
-        self.entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()
+        arm_of_row = [*self.arm_rows, self.rows]  # each arm's row of all_logits
+        if temperature > 0:
+            self.token_acceptance[:, first : first + n_new] = given_token.cpu().numpy()[arm_of_row]
+        self.outcome[:, first : first + n_new] = values.cpu().numpy()[arm_of_row]
+        self.entropy[:, first : first + n_new] = arm_entropy.cpu().numpy()[arm_of_row]
         self.retained_mass[: self.compressed, stride] = mass.cpu().numpy()
         self.retained_mass[-1, stride] = 1.0
         # Query drift: the arm's own summary now against its summary just before its last refresh.
-        for arm_index, refresh_stride in enumerate([*self.arm_refresh, 0]):
+        for arm_index, refresh_stride in enumerate(self.arm_refresh):
             reference = arm_history.get(refresh_stride - 1, self.arm_first) if refresh_stride > 0 else self.arm_first
             now = [summary[arm_index] for summary in arm_history[stride]]
             self.query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
@@ -264,20 +299,21 @@ class _RequestProbe:
             self.query_drift[rows],
             self.retained_mass[rows],
             None if acceptance is None else acceptance[rows],
+            self.arm_rows_run,
         )
 
 
 def _arms_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Tensor]:
-    """One forward of the group's arms (each request's prepared stride); per request (arms, n_new, vocab)."""
+    """One forward of the group's arms (each request's prepared stride); per request (rows, n_new, vocab)."""
     if len(group) == 1:  # one request: its own arms cache, no stacking
         probe = group[0]
-        return [_forward(draft_model, probe.tokens.expand(probe.compressed, -1), probe.arms_cache, probe.position)]
+        return [_forward(draft_model, probe.tokens.expand(probe.rows, -1), probe.arms_cache, probe.position)]
     stacked = StackedArmsCache([probe.arms_cache for probe in group])
-    tokens = torch.cat([probe.tokens.expand(probe.compressed, -1) for probe in group])
-    starts = torch.tensor([probe.position for probe in group for _ in range(probe.compressed)])
+    tokens = torch.cat([probe.tokens.expand(probe.rows, -1) for probe in group])
+    starts = torch.tensor([probe.position for probe in group for _ in range(probe.rows)])
     logits = _forward(draft_model, tokens, stacked, starts)
     stacked.split()
-    return list(logits.split([probe.compressed for probe in group]))
+    return list(logits.split([probe.rows for probe in group]))
 
 
 def _canonical_forward(draft_model: Any, group: list[_RequestProbe]) -> list[torch.Tensor | None]:

@@ -1,7 +1,8 @@
 """The probe's side of a budgeted layer, beside `rift_ada.cache`: arm working sets and diagnostics.
 
-The probe (`rift_ada.collectors.probe`) runs every compressed arm as one row of a batched
-`BudgetedLayer` (`expand_arms`, then `layer.arms` per stride: `arm_working_sets`), and a canonical
+The probe (`rift_ada.collectors.probe`) runs every compressed arm as a row of a batched
+`BudgetedLayer` (arms that share a history share a row: `keep_arm_rows`; `layer.arms` per stride:
+`arm_working_sets`), and a canonical
 full-attention pass whose probabilities measure each arm's retained mass (`arms_retained_mass`,
 targets in `layer.mass_targets`). The draft/verify loop's diagnostics are here too: a working
 set's current retained mass and the per-layer query summaries behind query drift. The layer keeps
@@ -52,12 +53,19 @@ def arm_working_sets(layer: BudgetedLayer, selections: list[torch.Tensor], windo
     )
 
 
-def expand_arms(layer: BudgetedLayer, repeats: int) -> None:
-    """Repeat ``layer``'s stored state ``repeats`` times along the batch (one history per probe arm)."""
-    layer.keys = layer.keys[:1].repeat(repeats, 1, 1, 1)
-    layer.values = layer.values[:1].repeat(repeats, 1, 1, 1)
+def keep_arm_rows(layer: BudgetedLayer, parents: torch.Tensor) -> None:
+    """Make row i of ``layer``'s stored state (KV, queries, kept attention-mass blocks) a copy of row
+    ``parents[i]``: the probe's arms that share a history run as one row until their working sets part."""
+    layer.keys = layer.keys.index_select(0, parents)
+    layer.values = layer.values.index_select(0, parents)
     if layer.query_buffer is not None:
-        layer.query_buffer = layer.query_buffer[:1].repeat(repeats, 1, 1, 1)
+        layer.query_buffer = layer.query_buffer.index_select(0, parents)
+    kept = {}
+    for start, mass in layer._mass_blocks.items():  # a block holds rows [0, n): keep the rows whose parents it has
+        rows = int((parents < mass.shape[0]).int().cumprod(0).sum())
+        if rows:
+            kept[start] = mass.index_select(0, parents[:rows])
+    layer._mass_blocks = kept
 
 
 def arms_retained_mass(

@@ -11,7 +11,7 @@ from tiny_models import VOCAB, tiny_model
 
 from rift_ada.batch_cache import StackedArmsCache
 from rift_ada.budget import make_policy
-from rift_ada.collectors.probe import ProbeError, _RequestProbe, probe_request, probe_requests
+from rift_ada.collectors.probe import ProbeError, _arms_forward, _RequestProbe, probe_request, probe_requests
 from rift_ada.speculative import speculative_generate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -72,32 +72,37 @@ def test_each_request_of_a_batch_gets_what_it_gets_alone(architecture: str, temp
 @torch.no_grad()
 def test_stacked_arms_forward_leaves_each_request_as_its_own_forward_would():
     """Stacking two requests' arms caches for one forward: each member's stored KV, length and
-    recurrent state end exactly where its own forward leaves them (qwen3_5: Gated DeltaNet states)."""
+    recurrent state end exactly where its own forward leaves them (qwen3_5: Gated DeltaNet states).
+    At the third stride the arms that refreshed have parted from stat's row: 3 rows each."""
     model = tiny_model("qwen3_5", seed=2)
     requests = _requests(model)[:2]
     policy = make_policy("rift-stat", budget=16, obs_window=8)
     settings = dict(policy=policy, temperature=0.0, arm_ages=ARM_AGES, decision_stride=8, target_model=None)
     probes = [_RequestProbe(model, list(p), list(r), **settings) for p, r in requests]
     for probe in probes:
+        for _ in range(2):
+            probe.prepare()
+            probe.finish(_arms_forward(model, [probe])[0])
         probe.prepare()
+    assert [probe.rows for probe in probes] == [3, 3]
     own = [copy.deepcopy(probe.arms_cache) for probe in probes]
     own_logits = [
         model(
-            input_ids=probe.tokens.expand(probe.compressed, -1),
-            position_ids=(probe.position + torch.arange(8))[None].expand(probe.compressed, -1),
+            input_ids=probe.tokens.expand(probe.rows, -1),
+            position_ids=(probe.position + torch.arange(8))[None].expand(probe.rows, -1),
             cache=cache,
             use_cache=True,
         ).logits
         for probe, cache in zip(probes, own, strict=True)
     ]
     stacked = StackedArmsCache([probe.arms_cache for probe in probes])
-    tokens = torch.cat([probe.tokens.expand(probe.compressed, -1) for probe in probes])
-    positions = torch.cat([(probe.position + torch.arange(8))[None].expand(probe.compressed, -1) for probe in probes])
+    tokens = torch.cat([probe.tokens.expand(probe.rows, -1) for probe in probes])
+    positions = torch.cat([(probe.position + torch.arange(8))[None].expand(probe.rows, -1) for probe in probes])
     logits = model(input_ids=tokens, position_ids=positions, cache=stacked, use_cache=True).logits
     stacked.split()
     for probe, cache, expected in zip(probes, own, own_logits, strict=True):
-        got = logits[: probe.compressed]
-        logits = logits[probe.compressed :]
+        got = logits[: probe.rows]
+        logits = logits[probe.rows :]
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
         for mine, theirs in zip(probe.arms_cache.layers, cache.layers, strict=True):
             if hasattr(mine, "length"):
@@ -107,7 +112,7 @@ def test_stacked_arms_forward_leaves_each_request_as_its_own_forward_would():
                 for state, reference in zip(
                     mine.recurrent_states.values(), theirs.recurrent_states.values(), strict=True
                 ):
-                    assert state.shape == reference.shape and state.shape[0] == probe.compressed
+                    assert state.shape == reference.shape and state.shape[0] == probe.rows
                     torch.testing.assert_close(state, reference, rtol=1e-4, atol=1e-5)
                 for state, reference in zip(mine.conv_states.values(), theirs.conv_states.values(), strict=True):
                     torch.testing.assert_close(state, reference, rtol=1e-4, atol=1e-5)
@@ -162,3 +167,27 @@ def test_batched_collection_writes_the_traces_of_one_request_at_a_time(tmp_path)
     np.testing.assert_allclose(one.entropy, batched.entropy, rtol=1e-4, atol=1e-5, equal_nan=True)
     for name, values in one.stride_signals.items():
         np.testing.assert_allclose(values, batched.stride_signals[name], rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_arms_with_one_history_share_a_row_until_they_refresh():
+    """Arms whose working sets have been alike at every stride share one row of the arms' forward: all
+    of them at the first stride, ``age:N`` with ``stat`` until it first reads its own refresh (stride
+    N / 8 + 1). The rows run are counted from that rule, and a sharing arm's values are stat's, bit
+    for bit (an arm in its own row would differ from stat in the last bits at most, since its history
+    is stat's). Each arm's values against a per-arm reference cache: test_collect.py (age arms)."""
+    model = tiny_model("llama", seed=3)
+    prompt = _prompt(11, 64)
+    response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=80).tokens[:80]
+    ages = (0, 16, 32, 64)
+    policy = make_policy("rift-stat", budget=32, obs_window=8)
+    probed = probe_request(model, prompt, response, policy=policy, temperature=1.0, arm_ages=ages)
+    n_strides = 10
+    assert probed.arm_rows_run == sum(1 + sum(age // 8 < stride for age in ages) for stride in range(n_strides))
+    stat = probed.arms.index("stat")
+    for age in ages:
+        arm = probed.arms.index(f"age:{age}")
+        shared = (age // 8 + 1) * 8  # positions before its first own refresh
+        for name in ("outcome", "entropy", "token_acceptance"):
+            values = getattr(probed, name)
+            np.testing.assert_array_equal(values[arm, :shared], values[stat, :shared], err_msg=f"age:{age} {name}")
+            assert not np.array_equal(values[arm, shared:], values[stat, shared:]), (age, name)
