@@ -39,8 +39,9 @@ one verification of K + 1 tokens over the full context (since 4022f1c a teacher-
 read the target's pass over the response, made at their start, so its floor is the draft steps'; no re-feed of the
 accepted tokens: since 19d9d78 the rollback keeps the draft steps' KV; the floors printed before it counted one
 forward of AL tokens over the budget too); probe per stride one forward of every arm's 8 tokens over the budget
-plus the canonical pass over the full context (stacked over the b requests, but one request at a time for a model
-with sliding-window layers, as `probe_requests` runs them); targets one forward of b tokens over the full context.
+(since 49ee970 of the rows the tree ran: arms that share a history share one) plus the canonical pass over the full
+context (stacked over the b requests, but one request at a time for a model with sliding-window layers, as
+`probe_requests` runs them); targets one forward of b tokens over the full context.
 ``%mem`` and ``%gemm`` are the measured decode rate over each floor's rate; the larger names the bound that stops
 the stage. Both machine figures are the best of many tries, before and after the cells (other jobs on a shared
 machine only slow some tries).
@@ -185,11 +186,11 @@ def stage_floor(cell: dict[str, Any], costs: dict[str, float], bandwidth: float,
             parts.append(forward(batch * (DRAFT_LENGTH + 1), batch, context))
         committed = batch * al
     elif costs["sliding_layers"]:  # probe, sliding-window layers: each request's forwards alone (not stacked)
-        stride, arms = 8, cell["arms"]
+        stride, arms = 8, cell.get("arm_rows", cell["arms"])
         parts = [forward(arms * stride, arms, working), forward(stride, 1, context)] * batch
         committed = batch * stride
     else:  # probe: per stride, every arm's stride tokens over its working set, the canonical pass over all
-        stride, arms = 8, cell["arms"]
+        stride, arms = 8, cell.get("arm_rows", cell["arms"])
         parts = [forward(batch * arms * stride, batch * arms, working), forward(batch * stride, batch, context)]
         committed = batch * stride
     memory = sum(p[0] for p in parts) / bandwidth
@@ -408,6 +409,9 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         result = dict(probe_requests(model, texts, policy=policy, batch_size=batch))
         out["tokens"] = sum(len(r) for _, r in texts)
         out["arms"] = probe_arms_for(tokens)
+        if hasattr(result[0], "arm_rows_run"):  # a tree that runs arms sharing a history as one row (49ee970)
+            strides = sum(-(-len(r) // 8) for _, r in texts)
+            out["arm_rows"] = sum(result[i].arm_rows_run for i in range(len(texts))) / strides
         out["result"] = [[float(result[i].outcome.sum()), float(result[i].entropy.sum())] for i in range(len(texts))]
     out["seconds"] = time.perf_counter() - start
     out["cpu_seconds"] = time.process_time() - cpu
@@ -776,7 +780,8 @@ def main(argv: list[str] | None = None) -> int:
                     "seconds": [c["seconds"] for c in mine], "tokens": tok, "rounds": mine[0].get("rounds"),
                     "peak_rss_gib": max(c["peak_rss_gib"] for c in mine), "start_rss_gib": mine[0]["start_rss_gib"],
                     "peak_rss_scope": mine[0]["peak_rss_scope"], "mean_context": mine[0]["mean_context"],
-                    "arms": mine[0].get("arms"), "worker_pids": [c["worker_pid"] for c in mine],
+                    "arms": mine[0].get("arms"), "arm_rows": mine[0].get("arm_rows"),
+                    "worker_pids": [c["worker_pid"] for c in mine],
                     "prefill_s": prefill_s,
                 }  # fmt: skip
                 summary.append(row)

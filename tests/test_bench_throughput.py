@@ -27,6 +27,8 @@ def test_quick_throughput_benchmark_reports_every_cell_beside_its_floors(tmp_pat
         assert cell["tok_s"] > 0 and cell["memory_tok_s"] > 0 and cell["compute_tok_s"] > 0
         assert cell["peak_rss_scope"] == "cell" and cell["peak_rss_gib"] >= cell["start_rss_gib"] > 0
     assert cells[("closed", 4)]["tokens"] == 4 * cells[("closed", 1)]["tokens"]  # four requests of 16 tokens
+    for batch in (1, 4):  # arms that share a history run as one row: fewer rows per stride than arms
+        assert 1 <= cells[("probe", batch)]["arm_rows"] < cells[("probe", batch)]["arms"]
     assert figures["skipped"] == []
     assert figures["bandwidth"] > 1e8 and max(figures["gemm"].values()) > 1e8
     groups = figures["profile"]["groups"]
@@ -172,3 +174,14 @@ def test_a_closed_cell_runs_every_run_it_asks_for():
     assert (continuous["runs"], continuous["tokens"], continuous["prefills"]) == (5, 5 * 16, 5)
     repeated = bench.run_cell(model, {**job, "runs_per_prompt": 3}, prompts, responses)
     assert (repeated["runs"], repeated["tokens"], repeated["prefills"]) == (6, 6 * 16, 2)
+
+
+def test_a_probe_floor_counts_the_rows_the_tree_ran():
+    """A tree that runs arms sharing a history as one row (`arm_rows` per stride) has less work to do: its compute
+    floor per token is higher than for every arm's row, and equals the floor of a cell with that many arms."""
+    bench = load_bench()
+    llama = {**GEMMA3, "full_layers": 18, "sliding_layers": 0, "window": 0}
+    every_arm = {"stage": "probe", "batch": 8, "mean_context": 400, "arms": 4}
+    shared = bench.stage_floor({**every_arm, "arm_rows": 2.5}, llama, bandwidth=1e10, gemm=1e11, budget=128)
+    assert shared["compute_tok_s"] > bench.stage_floor(every_arm, llama, 1e10, 1e11, 128)["compute_tok_s"]
+    assert shared == bench.stage_floor({**every_arm, "arms": 2.5}, llama, 1e10, 1e11, 128)
