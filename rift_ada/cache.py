@@ -484,8 +484,8 @@ class BudgetedLayer(DynamicLayer):
         grouped_sum = group_mean.sum(2)
         if not self.selector.full:  # probe arms keep theirs too: each arm's own queries score its own refreshes
             positions = torch.arange(pending.first_position, pending.first_position + n_queries, device=query.device)
-            if self.query_buffer is None:
-                self.query_buffer, self.query_positions = query, positions
+            if self.query_buffer is None:  # a copy: the prefill's queries are a view of every prompt position's
+                self.query_buffer, self.query_positions = query[:, :, -self.policy.obs_window :].clone(), positions
             else:
                 self.query_buffer = torch.cat([self.query_buffer, query], 2)
                 self.query_positions = torch.cat([self.query_positions, positions])
