@@ -40,7 +40,7 @@ from rift_ada.batch_cache import StackedArmsCache
 from rift_ada.budget import CachePolicy
 from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
-from rift_ada.probe_arms import arm_working_sets, keep_arm_rows
+from rift_ada.probe_arms import arm_working_sets, keep_arm_rows, reserve_arm_rows
 from rift_ada.speculative import acceptance_given_token, entropy_and_probs, greedy_tokens
 
 
@@ -164,6 +164,7 @@ class _RequestProbe:
         arms_cache = self.arms_cache = copy.deepcopy(canonical)
         for layer in arms_cache.budgeted_layers:
             layer.force_full = False
+            reserve_arm_rows(layer, compressed)
         self.arm_rows = [0] * compressed
         self.rows, self.arm_rows_run = 1, 0
         self.arm_layers = arms_cache.budgeted_layers

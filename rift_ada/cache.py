@@ -93,6 +93,7 @@ class BudgetedLayer(DynamicLayer):
         self.mass_targets: list[ArmWorkingSets] | None = None
         self.retained: torch.Tensor | None = None  # probe: (A,) retained mass of the last canonical pass
         self.force_full = False  # probe: the canonical pass attends to everything and stores it
+        self.arm_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # probe: room for every arm's KV
         # False: forwards past the prefill record no queries (a target's cache, whose summaries nobody reads,
         # or draft steps that a rollback discards anyway: `BatchedCache.keep_queries`)
         self.keeps_queries = True
