@@ -141,6 +141,21 @@ def test_refresh_rescores_with_latest_queries():
     assert int(after.max()) > 60 - layer.window  # decode positions are candidates now
 
 
+def test_a_prefill_leaves_only_its_query_window_in_memory():
+    """After a prefill longer than the query window a layer holds that window's queries alone, not the
+    whole prompt's (a slice of the prefill's queries kept all of them alive, and deep copies copied them)."""
+    model = tiny_model("llama", seed=7)
+    cache = make_draft_cache(model, make_policy("rift-stat", budget=24, obs_window=8))
+    ids = torch.randint(0, VOCAB, (1, 120), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+    for layer in cache.budgeted_layers:
+        buffer = layer.query_buffer
+        assert buffer.shape[2] == 8 and torch.equal(layer.query_positions, torch.arange(112, 120))
+        assert buffer.untyped_storage().nbytes() == buffer.numel() * buffer.element_size()
+        assert buffer.stride() == buffer.transpose(1, 2).contiguous().transpose(1, 2).stride()  # the layout it had
+
+
 def test_bad_input_errors_are_clear():
     with pytest.raises(BudgetError, match="valid policies: full, swa"):
         make_policy("snapkv2")

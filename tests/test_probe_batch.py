@@ -191,3 +191,30 @@ def test_arms_with_one_history_share_a_row_until_they_refresh():
             values = getattr(probed, name)
             np.testing.assert_array_equal(values[arm, :shared], values[stat, :shared], err_msg=f"age:{age} {name}")
             assert not np.array_equal(values[arm, shared:], values[stat, shared:]), (age, name)
+
+
+@torch.no_grad()
+def test_arms_part_by_copying_rows_within_the_reserved_buffers():
+    """The arms cache's KV is allocated for every compressed arm at set-up; as arms part, the rows in use grow
+    inside it (no new tensor a stride) and a new row starts as a copy of the row it parts from."""
+    model = tiny_model("llama", seed=3)
+    prompt = _prompt(11, 64)
+    response = speculative_generate(model, prompt, policy=make_policy("full"), max_new_tokens=40).tokens[:40]
+    policy = make_policy("rift-stat", budget=32, obs_window=8)
+    probe = _RequestProbe(
+        model, prompt, response, policy=policy, temperature=0.0, arm_ages=(0, 8, 16), decision_stride=8,
+        target_model=None,
+    )  # fmt: skip
+    layer = probe.arm_layers[0]
+    buffer = layer.arm_buffers[0]
+    assert buffer.shape[0] == probe.compressed == 4 and layer.keys.shape[0] == 1
+    rows_seen = []
+    while not probe.done:
+        before = layer.keys.clone()
+        probe.prepare()
+        rows_seen.append(probe.rows)
+        assert layer.keys.data_ptr() == buffer.data_ptr() and layer.keys.shape[0] == probe.rows
+        for row in range(before.shape[0], probe.rows):  # a new row: its parent's stored KV (rows are by first arm)
+            torch.testing.assert_close(layer.keys[row], before[before.shape[0] - 1], rtol=0, atol=0)
+        probe.finish(_arms_forward(model, [probe])[0])
+    assert rows_seen == [1, 2, 3, 4, 4]
