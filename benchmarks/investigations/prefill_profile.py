@@ -4,15 +4,18 @@
 times, then its operators by self CPU time (torch.profiler): the Linears' rate against the GEMM's shows whether a
 prefill has anything left to gain. ``probe``: `probe_requests` of ``--batch`` requests (random ``--tokens``-token
 responses), its requests' set-up (prefill, arms' copies) apart from its strides, then the strides' Python by
-cumulative time (cProfile).
+cumulative time (cProfile). ``split``: the same probe's CPU seconds by part (set-up, the stacked arms' and canonical
+forwards, `prepare` with its rescoring, `finish`) and stride, and the arm rows each stride ran.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py prefill
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py probe --batch 8 --tokens 32
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py split --batch 16 --tokens 32
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import pstats
 import sys
@@ -79,9 +82,65 @@ def profile_probe(model, prompts: list[list[int]], batch: int, tokens: int) -> N
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
 
 
+def split_probe(model, prompts: list[list[int]], batch: int, tokens: int) -> None:
+    import rift_ada.collectors.probe as probe
+    from rift_ada.budget import make_policy
+
+    generator = torch.Generator().manual_seed(0)
+    texts = [(p, torch.randint(0, 49000, (tokens,), generator=generator).tolist()) for p in prompts[:batch]]
+    policy = make_policy("rift-stat", budget=128, obs_window=64)
+    seconds: dict[tuple[str, int], float] = collections.defaultdict(float)
+    rows: dict[int, int] = collections.defaultdict(int)
+
+    def timed_method(name: str):
+        original = getattr(probe._RequestProbe, name)
+
+        def run(self, *args, **kwargs):
+            stride = getattr(self, "stride", 0)
+            start = time.process_time()
+            out = original(self, *args, **kwargs)
+            seconds[(name, stride)] += time.process_time() - start
+            if name == "prepare":
+                rows[stride] += getattr(self, "rows", len(getattr(self, "arm_ages", ())) + 1)
+            return out
+
+        setattr(probe._RequestProbe, name, run)
+
+    def timed_forward(name: str):
+        original = getattr(probe, name)
+
+        def run(draft_model, group):
+            start = time.process_time()
+            out = original(draft_model, group)
+            seconds[(name.strip("_"), group[0].stride)] += time.process_time() - start
+            return out
+
+        setattr(probe, name, run)
+
+    for name in ("__init__", "prepare", "finish"):
+        timed_method(name)
+    for name in ("_arms_forward", "_canonical_forward"):
+        timed_forward(name)
+    dict(probe.probe_requests(model, texts[:2], policy=policy, batch_size=2))  # warm up
+    seconds.clear()
+    rows.clear()
+    start = time.process_time()
+    dict(probe.probe_requests(model, texts, policy=policy, batch_size=batch))
+    total = time.process_time() - start
+    parts = ("__init__", "arms_forward", "canonical_forward", "prepare", "finish")
+    strides = sorted({stride for _, stride in seconds})
+    print(f"probe of {batch} x {tokens}: {total:.2f} CPU-s")
+    print("stride  arm rows  " + "  ".join(f"{part:>17s}" for part in parts))
+    for stride in strides:
+        cells = "  ".join(f"{seconds.get((part, stride), 0.0):17.3f}" for part in parts)
+        print(f"{stride:6d}  {rows.get(stride, 0):8d}  {cells}")
+    sums = "  ".join(f"{sum(v for (k, _), v in seconds.items() if k == part):17.3f}" for part in parts)
+    print(f"{'all':>6s}  {sum(rows.values()):8d}  {sums}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("prefill", "probe"))
+    parser.add_argument("what", choices=("prefill", "probe", "split"))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
@@ -91,8 +150,10 @@ def main() -> int:
     prompts = bench_throughput.make_prompts(setup, tokenizer, max(args.batch, 1))
     if args.what == "prefill":
         profile_prefill(model, prompts[0])
-    else:
+    elif args.what == "probe":
         profile_probe(model, prompts, args.batch, args.tokens)
+    else:
+        split_probe(model, prompts, args.batch, args.tokens)
     return 0
 
 
