@@ -252,6 +252,16 @@ class BudgetedLayer(DynamicLayer):
             total[..., : mass.shape[-1]] += mass
         return total
 
+    def keep_mass_rows(self, parents: torch.Tensor) -> None:
+        """The kept attention-mass blocks of rows that become copies of rows ``parents`` (the probe's arms parting):
+        a block holds rows [0, n), so it keeps the leading new rows whose parents it has (the rest are recomputed)."""
+        blocks = {}
+        for start, mass in self._mass_blocks.items():
+            rows = int((parents < mass.shape[0]).int().cumprod(0).sum())
+            if rows:
+                blocks[start] = mass.index_select(0, parents[:rows])
+        self._mass_blocks = blocks
+
     def _select(self) -> None:
         self.selection = self.compute_selection()
 

@@ -91,12 +91,7 @@ def keep_arm_rows(layer: BudgetedLayer, parents: torch.Tensor) -> None:
         layer.values = layer.values.index_select(0, parents)
     if layer.query_buffer is not None:
         layer.query_buffer = layer.query_buffer.index_select(0, parents)
-    blocks = {}
-    for start, mass in layer._mass_blocks.items():  # a block holds rows [0, n): keep the rows whose parents it has
-        rows = int((parents < mass.shape[0]).int().cumprod(0).sum())
-        if rows:
-            blocks[start] = mass.index_select(0, parents[:rows])
-    layer._mass_blocks = blocks
+    layer.keep_mass_rows(parents)
 
 
 def arms_retained_mass(
