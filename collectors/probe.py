@@ -157,11 +157,16 @@ class _RequestProbe:
             _forward(target_model, self.sequence[:, : self.start], self.target_cache, 0, logits_to_keep=1)
         for layer in layers:
             layer.pop_query_summary()
+            layer.rescore_block = decision_stride  # the prefill window's mass blocks, kept for the arms' rescoring
+        self.stat_selection = [layer.compute_selection() for layer in layers]
         # Arms whose working sets have been the same at every stride so far have the same history:
         # they share one row of the arms cache (all of them until the first refresh), so a stride
         # runs one row per distinct history. `arm_rows[i]`: compressed arm i's row; rows are ordered
         # by their first arm.
         arms_cache = self.arms_cache = copy.deepcopy(canonical)
+        for layer in layers:  # the canonical cache is not rescored again
+            layer.rescore_block = None
+            layer.drop_mass_blocks()
         for layer in arms_cache.budgeted_layers:
             layer.force_full = False
             reserve_arm_rows(layer, compressed)
@@ -177,7 +182,6 @@ class _RequestProbe:
         self.history: dict[int, tuple[list[torch.Tensor], list[int]] | None] = {}
         self.arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
         self.full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
-        self.stat_selection = [layer.compute_selection() for layer in layers]
         self.stride = 0
 
     @property

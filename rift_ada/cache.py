@@ -221,7 +221,9 @@ class BudgetedLayer(DynamicLayer):
         With ``rescore_block`` (the probe's decision stride) and a window of whole blocks ending at
         the last stored position, the mass of each block is computed once and kept: the window
         slides by a block per stride, so one block is new and the rest are sums already made. The
-        total equals the whole window's up to the order of float additions.
+        total equals the whole window's up to the order of float additions. With no block kept yet
+        the whole window is one product, whose total is the one without blocks, bit for bit, and
+        whose blocks are kept from it (a copy of the layer, as the probe's arms cache, reuses them).
         """
         queries, keys, positions = self.query_buffer[rows], self.stored_keys()[rows], self.query_positions
         block = self.rescore_block
@@ -238,6 +240,11 @@ class BudgetedLayer(DynamicLayer):
         ):
             return self._mass.attention_mass(queries, keys, positions, self.scaling, self.sinks)
         self._mass_blocks = {start: mass for start, mass in self._mass_blocks.items() if start >= first}
+        if not self._mass_blocks:
+            probs = self._mass.attention_probs(queries, keys, positions, self.scaling, self.sinks)
+            for offset in range(0, n_queries, block):
+                self._mass_blocks[first + offset] = probs[:, :, :, offset : offset + block].sum(dim=3)
+            return probs.sum(dim=3)
         total = None
         for offset in range(0, n_queries, block):
             start = first + offset
@@ -261,6 +268,10 @@ class BudgetedLayer(DynamicLayer):
             if rows:
                 blocks[start] = mass.index_select(0, parents[:rows])
         self._mass_blocks = blocks
+
+    def drop_mass_blocks(self) -> None:
+        """Forget the kept attention-mass blocks (`_window_mass`); the next rescoring computes its window anew."""
+        self._mass_blocks = {}
 
     def _select(self) -> None:
         self.selection = self.compute_selection()

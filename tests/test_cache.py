@@ -156,6 +156,49 @@ def test_a_prefill_leaves_only_its_query_window_in_memory():
         assert buffer.stride() == buffer.transpose(1, 2).contiguous().transpose(1, 2).stride()  # the layout it had
 
 
+def test_a_window_scored_whole_keeps_its_blocks_and_a_copy_rescores_only_the_new_one(monkeypatch):
+    """With `rescore_block`, a layer's first rescoring scores its query window in one product, giving the selection
+    of a layer without blocks bit for bit, and keeps the window's blocks; a copy of it (the probe's arms cache) that
+    rescores a block later scores only the new block, and its window mass is the whole window's scored afresh."""
+    from rift_ada.scorers import SnapKVScorer
+
+    model = tiny_model("llama", seed=7)
+    policy = make_policy("rift-stat", budget=24, obs_window=8)
+    ids = torch.randint(0, VOCAB, (1, 124), generator=torch.Generator().manual_seed(8))
+    plain, blocked = make_draft_cache(model, policy), make_draft_cache(model, policy)
+    with torch.no_grad():
+        for cache in (plain, blocked):
+            model(ids[:, :120], cache=cache, use_cache=True)
+    for layer in blocked.budgeted_layers:
+        layer.rescore_block = 4
+    for whole, kept in zip(plain.budgeted_layers, blocked.budgeted_layers, strict=True):
+        assert torch.equal(whole.compute_selection(), kept.compute_selection())
+    copied = copy.deepcopy(blocked)
+    with torch.no_grad():
+        for cache in (plain, copied):
+            model(ids[:, 120:124], cache=cache, use_cache=True)
+    scored = []
+    original = SnapKVScorer.attention_probs
+
+    def counted(self, queries, *args, **kwargs):
+        scored.append(queries.shape[2])
+        return original(self, queries, *args, **kwargs)
+
+    monkeypatch.setattr(SnapKVScorer, "attention_probs", counted)
+    masses = [
+        (whole.score_inputs().window_mass(), kept.score_inputs().window_mass())
+        for whole, kept in zip(plain.budgeted_layers, copied.budgeted_layers, strict=True)
+    ]
+    assert scored == [8, 4] * len(masses)  # the plain layer's whole window, the copy's new block
+    monkeypatch.undo()
+    for (fresh, reused), kept in zip(masses, copied.budgeted_layers, strict=True):
+        assert torch.equal(kept.query_positions, torch.arange(116, 124))
+        torch.testing.assert_close(reused, fresh)
+        newest = kept._mass.attention_mass(kept.query_buffer[:, :, 4:], kept.stored_keys(), torch.arange(120, 124),
+                                           kept.scaling)  # fmt: skip
+        assert not torch.allclose(reused, newest)  # the kept block counts
+
+
 def test_bad_input_errors_are_clear():
     with pytest.raises(BudgetError, match="valid policies: full, swa"):
         make_policy("snapkv2")

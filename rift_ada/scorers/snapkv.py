@@ -38,6 +38,17 @@ class SnapKVScorer:
         A query's attention row depends only on the keys up to its own position, so the mass of a
         window is the sum of the masses of any split of its queries (how the probe reuses it).
         """
+        return self.attention_probs(queries, keys, query_positions, scaling, sinks).sum(dim=3)
+
+    def attention_probs(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_positions: torch.Tensor,
+        scaling: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`attention_mass` before the sum over the queries: (b, kv, group, w, n) float32 causal probabilities."""
         batch, n_heads, n_queries, head_dim = queries.shape
         n_kv = keys.shape[1]
         group = n_heads // n_kv
@@ -56,7 +67,7 @@ class SnapKVScorer:
             probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
         else:
             probs = torch.softmax(logits, dim=-1)
-        return probs.sum(dim=3)
+        return probs
 
     def pool(self, mass: torch.Tensor) -> torch.Tensor:
         """(b, kv, group, n) attention mass -> scores (b, kv, n): mean over the group, then max-pool."""
