@@ -461,9 +461,10 @@ class StackedArmsLayer(DynamicLayer):
     """One full-attention layer of several probe requests' arms caches, stacked along the batch.
 
     Each member is one request's `BudgetedLayer` in probe-arms mode (a batch of arms over its own
-    stored KV, length and working sets); a forward splits the new keys and values by member, lets
-    each member append them and gather its arms' working sets, and pads the sets to one width.
-    The member's attention note covers its rows (`BatchPending.spans`)."""
+    stored KV, length and working sets), or its canonical cache's (full attention); a forward splits
+    the new keys and values by member, lets each member append them and gather its arms' working sets
+    into its rows of one buffer (canonical members: their stored KV, padded and stacked), padded to one
+    width. The member's attention note covers its rows (`BatchPending.spans`)."""
 
     def __init__(self, members: list[BudgetedLayer], layer_idx: int):
         super().__init__()
@@ -479,6 +480,27 @@ class StackedArmsLayer(DynamicLayer):
         return self.get_seq_length() + query_length, 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        """Each member appends its rows' new keys and values; the keys and values attended, (rows, kv, width, d),
+        zero past a member's own width (masked). Arms write their working sets into them directly."""
+        n_new = key_states.shape[2]
+        if any(member.arms is None for member in self.members):  # canonical caches: their full stored KV
+            return self._stack_updates(key_states, value_states)
+        sizes = [member.arm_set_size(n_new) for member in self.members]
+        width = max(sizes)
+        keys = key_states.new_empty(key_states.shape[0], key_states.shape[1], width, key_states.shape[3])
+        values = value_states.new_empty(value_states.shape[0], value_states.shape[1], width, value_states.shape[3])
+        notes: list[PendingAttention | None] = []
+        for member, rows, size in zip(self.members, span_slices(self.spans), sizes, strict=True):
+            member.update_arms_into(key_states[rows], value_states[rows], keys[rows, :, :size], values[rows, :, :size])
+            if size < width:
+                keys[rows, :, size:] = 0
+                values[rows, :, size:] = 0
+            notes.append(pop_pending(self.layer_idx))
+        set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
+        return keys, values
+
+    def _stack_updates(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """`update` for members whose own updates return their keys and values: padded and concatenated."""
         n_new = key_states.shape[2]
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         notes: list[PendingAttention | None] = []
@@ -488,12 +510,15 @@ class StackedArmsLayer(DynamicLayer):
         sizes = [part[0].shape[2] for part in parts]
         width = max(sizes)
         set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
-        if all(size == width for size in sizes):
-            return torch.cat([part[0] for part in parts], 0), torch.cat([part[1] for part in parts], 0)
-        padded = [
-            [torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2])) for tensor in part] for part in parts
-        ]
-        return torch.cat([part[0] for part in padded], 0), torch.cat([part[1] for part in padded], 0)
+        stacked = []
+        for which, states in enumerate((key_states, value_states)):
+            buffer = states.new_empty(states.shape[0], states.shape[1], width, states.shape[3])
+            for part, rows, size in zip(parts, span_slices(self.spans), sizes, strict=True):
+                buffer[rows, :, :size] = part[which]
+                if size < width:
+                    buffer[rows, :, size:] = 0
+            stacked.append(buffer)
+        return stacked[0], stacked[1]
 
 
 class StackedArmsCache(DynamicCache):

@@ -59,6 +59,26 @@ def grow_positions(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(shape)], 2)
 
 
+def gather_positions(stored: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``stored[b, h, positions[b, h, j]]``: (b, h, k, d) from (b, h, n, d) ``stored`` and (b, h, k) ``positions``,
+    into ``out`` where given. Each position is one row of d values, so a contiguous ``stored`` is read with one
+    index_select over its (b * h * n, d) rows: about 10x torch.gather's per-element copy at the probe's and the
+    draft's working-set sizes (the same values)."""
+    batch, heads, length, dim = stored.shape
+    if not stored.is_contiguous():
+        index = positions[..., None].expand(-1, -1, -1, dim)
+        return torch.gather(stored, 2, index) if out is None else torch.gather(stored, 2, index, out=out)
+    offsets = torch.arange(0, batch * heads * length, length, device=positions.device).view(batch, heads, 1)
+    rows = (positions + offsets).reshape(-1)
+    if out is None:
+        return stored.view(-1, dim).index_select(0, rows).view(*positions.shape, dim)
+    if out.is_contiguous():
+        torch.index_select(stored.view(-1, dim), 0, rows, out=out.view(-1, dim))
+    else:
+        out.copy_(stored.view(-1, dim).index_select(0, rows).view(*positions.shape, dim))
+    return out
+
+
 class BudgetedLayer(DynamicLayer):
     """Full stored KV plus a per-head working set of at most ``policy.budget`` positions."""
 
@@ -412,7 +432,12 @@ class BudgetedLayer(DynamicLayer):
         """Keep the ring in ``keys``/``values`` (same contents, e.g. a row of a batch's buffer) from now on."""
         self._ring = (self._ring[0], keys, values)
 
-    def _update_arms(self, key_states: torch.Tensor, value_states: torch.Tensor):
+    def _update_arms(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         """Probe pass: batch = arms, each arm with its own stored KV history and working set."""
         first, n_new = self.length, key_states.shape[2]
         if self.keys.shape[0] != key_states.shape[0]:
@@ -426,9 +451,24 @@ class BudgetedLayer(DynamicLayer):
             first,
             n_new,
             window_start,
+            out=out,
             selection_valid=self.arms.valid,
             prefix_limit=self.arms.prefix_limit,
         )
+
+    def arm_set_size(self, n_new: int) -> int:
+        """Keys in each probe arm's working set once the next ``n_new`` tokens are stored: its selection
+        slots, then the window up to the last of them."""
+        return self.arms.selection.shape[-1] + self.length + n_new - max(0, self.length - self.window + 1)
+
+    def update_arms_into(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, keys_out: torch.Tensor, values_out: torch.Tensor
+    ) -> None:
+        """`update` of a probe-arms layer that writes the arms' working sets into ``keys_out`` / ``values_out``
+        ((arms, kv, `arm_set_size`, d), views of a stacked forward's buffers) instead of new tensors."""
+        if self.arms is None:
+            raise CacheError("update_arms_into: the layer holds no probe arms")
+        self._update_arms(key_states, value_states, out=(keys_out, values_out))
 
     def _selected_kv(self, selection: torch.Tensor, prefix: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at ``selection``: a slice for a prefix, else gathered once per selection and
@@ -439,21 +479,34 @@ class BudgetedLayer(DynamicLayer):
         cached = self._gathered
         if cached is not None and cached[0] is selection:
             return cached[1], cached[2]
-        index = selection[..., None].expand(-1, -1, -1, self.keys.shape[3])
-        keys, values = self.keys.gather(2, index), self.values.gather(2, index)
+        keys, values = gather_positions(self.keys, selection), gather_positions(self.values, selection)
         if self.arms is None:
             end = int(selection.max()) + 1 if selection.numel() else 0
             self._gathered = (selection, keys, values, end)
         return keys, values
 
     def _working_set(
-        self, selection: torch.Tensor, first: int, n_new: int, window_start: int, **mask_fields: Any
+        self,
+        selection: torch.Tensor,
+        first: int,
+        n_new: int,
+        window_start: int,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **mask_fields: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[selection | window] keys and values, and the attention note describing them."""
+        """[selection | window] keys and values, and the attention note describing them. ``out``: (keys,
+        values) to write them into (probe arms: gathered there directly, no tensor of their own)."""
         prefix = mask_fields.get("prefix_limit") is not None and self.arms is None
-        selected_keys, selected_values = self._selected_kv(selection, prefix)
-        keys = torch.cat([selected_keys, self.keys[:, :, window_start : self.length]], 2)
-        values = torch.cat([selected_values, self.values[:, :, window_start : self.length]], 2)
+        if out is None:
+            selected_keys, selected_values = self._selected_kv(selection, prefix)
+            keys = torch.cat([selected_keys, self.keys[:, :, window_start : self.length]], 2)
+            values = torch.cat([selected_values, self.values[:, :, window_start : self.length]], 2)
+        else:
+            keys, values = out
+            window = torch.arange(window_start, self.length, device=selection.device)
+            positions = torch.cat([selection, window.expand(*selection.shape[:2], -1)], -1)
+            gather_positions(self.keys, positions, out=keys)
+            gather_positions(self.values, positions, out=values)
         pending = PendingAttention(
             self,
             first,

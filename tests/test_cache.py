@@ -10,7 +10,7 @@ from tiny_models import ARCHITECTURES, VOCAB, tiny_config, tiny_model
 from transformers import DynamicCache
 
 from rift_ada.budget import POLICY_NAMES, BudgetError, make_policy
-from rift_ada.cache import BudgetedLayer, CacheError, make_draft_cache
+from rift_ada.cache import BudgetedLayer, CacheError, gather_positions, make_draft_cache
 
 
 def _decode(model, cache, ids, prefill):
@@ -197,6 +197,23 @@ def test_a_window_scored_whole_keeps_its_blocks_and_a_copy_rescores_only_the_new
         newest = kept._mass.attention_mass(kept.query_buffer[:, :, 4:], kept.stored_keys(), torch.arange(120, 124),
                                            kept.scaling)  # fmt: skip
         assert not torch.allclose(reused, newest)  # the kept block counts
+
+
+def test_gather_positions_is_torch_gather_along_positions():
+    """The working sets' row-wise gather equals torch.gather's, for stored KV that is a view of a larger buffer or
+    not contiguous, into a new tensor or into a slice of a stacked buffer."""
+    generator = torch.Generator().manual_seed(3)
+    buffer = torch.randn(5, 3, 40, 8, generator=generator)
+    positions = torch.randint(0, 30, (2, 3, 11), generator=generator)
+    for stored in (buffer[1:3], buffer[1:3, :, :30], buffer[1:3].transpose(0, 1).contiguous().transpose(0, 1)):
+        expected = torch.gather(stored, 2, positions[..., None].expand(-1, -1, -1, 8))
+        assert torch.equal(gather_positions(stored, positions), expected)
+        stacked = torch.zeros(4, 3, 14, 8)
+        gather_positions(stored, positions, out=stacked[1:3, :, :11])  # not contiguous: copied in
+        assert torch.equal(stacked[1:3, :, :11], expected) and not stacked[1:3, :, 11:].any() and not stacked[0].any()
+        whole = torch.zeros(4, 3, 11, 8)
+        gather_positions(stored, positions, out=whole[2:4])  # contiguous: written in place
+        assert torch.equal(whole[2:4], expected) and not whole[:2].any()
 
 
 def test_bad_input_errors_are_clear():
