@@ -65,13 +65,10 @@ def probe_arms(arm_ages: tuple[int, ...] = DEFAULT_ARM_AGES) -> tuple[str, ...]:
     return tuple(age_arm(age) for age in arm_ages) + (ARM_STAT, ARM_FULL)
 
 
-def _cosine_drift(now: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
-    """1 - mean over layers and groups of cos(now, reference)."""
-    values = [
-        torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean()
-        for a, b in zip(now, reference, strict=True)
-    ]
-    return float(1.0 - torch.stack(values).mean())
+def _cosine_drift(now: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """1 - mean over layers and groups of cos(now, reference): (layers, ..., kv, d) query summaries -> (...)."""
+    cosine = torch.nn.functional.cosine_similarity(now.float(), reference.float(), dim=-1)
+    return 1.0 - cosine.mean(-1).mean(0)
 
 
 def _forward(
@@ -180,8 +177,8 @@ class _RequestProbe:
         self.max_age_strides = max(arm_ages, default=0) // decision_stride
         # stride -> (per layer (rows, kv, k) selections, each arm's row then), or None where no arm reads it
         self.history: dict[int, tuple[list[torch.Tensor], list[int]] | None] = {}
-        self.arm_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (arms, kv, d) query summaries
-        self.full_history: dict[int, list[torch.Tensor]] = {}  # stride -> per-layer (kv, d) canonical summaries
+        self.arm_history: dict[int, torch.Tensor] = {}  # stride -> (layers, arms, kv, d) query summaries
+        self.full_history: dict[int, torch.Tensor] = {}  # stride -> (layers, kv, d) canonical summaries
         self.stride = 0
 
     @property
@@ -249,10 +246,11 @@ class _RequestProbe:
         first = stride * self.decision_stride
         layers, arm_history, full_history = self.layers, self.arm_history, self.full_history
         arm_row = torch.tensor(self.arm_rows, device=self.device)
-        arm_history[stride] = [layer.arm_query_sum.index_select(0, arm_row) / n_new for layer in self.arm_layers]
+        arm_history[stride] = torch.stack([layer.arm_query_sum for layer in self.arm_layers]).index_select(1, arm_row)
+        arm_history[stride] /= n_new
         if full_logits is None:
             full_logits = _forward(self.draft_model, self.tokens, self.canonical, position)
-        full_history[stride] = [layer.pop_query_summary()[0] for layer in layers]
+        full_history[stride] = torch.stack([layer.pop_query_summary()[0] for layer in layers])
         for table in (arm_history, full_history):
             table.pop(stride - self.max_age_strides - 2, None)
         if stride == 0:
@@ -286,11 +284,13 @@ class _RequestProbe:
         self.retained_mass[: self.compressed, stride] = mass.cpu().numpy()
         self.retained_mass[-1, stride] = 1.0
         # Query drift: the arm's own summary now against its summary just before its last refresh.
-        for arm_index, refresh_stride in enumerate(self.arm_refresh):
-            reference = arm_history.get(refresh_stride - 1, self.arm_first) if refresh_stride > 0 else self.arm_first
-            now = [summary[arm_index] for summary in arm_history[stride]]
-            self.query_drift[arm_index, stride] = _cosine_drift(now, [summary[arm_index] for summary in reference])
-        self.query_drift[-1, stride] = _cosine_drift(full_history[stride], self.full_first)
+        references = [
+            (arm_history.get(refresh_stride - 1, self.arm_first) if refresh_stride > 0 else self.arm_first)[:, arm]
+            for arm, refresh_stride in enumerate(self.arm_refresh)
+        ]
+        drift = _cosine_drift(arm_history[stride], torch.stack(references, 1))
+        self.query_drift[: self.compressed, stride] = drift.cpu().numpy()
+        self.query_drift[-1, stride] = float(_cosine_drift(full_history[stride], self.full_first))
         self.stride += 1
 
     def result(self) -> ProbeResult:

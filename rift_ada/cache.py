@@ -282,11 +282,15 @@ class BudgetedLayer(DynamicLayer):
     def keep_mass_rows(self, parents: torch.Tensor) -> None:
         """The kept attention-mass blocks of rows that become copies of rows ``parents`` (the probe's arms parting):
         a block holds rows [0, n), so it keeps the leading new rows whose parents it has (the rest are recomputed)."""
+        parent_rows = parents.tolist()
+        kept_rows: dict[int, int] = {}  # rows a block holds -> leading new rows whose parents it holds
         blocks = {}
         for start, mass in self._mass_blocks.items():
-            rows = int((parents < mass.shape[0]).int().cumprod(0).sum())
-            if rows:
-                blocks[start] = mass.index_select(0, parents[:rows])
+            held = mass.shape[0]
+            if held not in kept_rows:
+                kept_rows[held] = next((i for i, parent in enumerate(parent_rows) if parent >= held), len(parent_rows))
+            if kept_rows[held]:
+                blocks[start] = mass.index_select(0, parents[: kept_rows[held]])
         self._mass_blocks = blocks
 
     def drop_mass_blocks(self) -> None:
