@@ -293,56 +293,56 @@ def collect_probe(
         (len(by_id[r.request_id]["response_token_ids"]) for r in requests if r.request_id in by_id), default=0
     )
     manifest = settings.manifest("probe", len(requests), max_positions=max_positions, **(extra_manifest or {}))
-    writer = TraceWriter(out_dir, manifest, shard=shard)
-    todo, n_mine = _todo(requests, by_id, shard, writer)
-    arm_names = np.array(probe_arms(settings.arm_ages))
-    texts = [
-        (list(by_id[request.request_id]["prompt_token_ids"]), list(by_id[request.request_id]["response_token_ids"]))
-        for request in todo
-    ]
-    results = probe_requests(
-        draft_model,
-        texts,
-        policy=settings.cache_policy("rift-stat"),
-        temperature=settings.temperature,
-        arm_ages=settings.arm_ages,
-        decision_stride=settings.decision_stride,
-        target_model=target_model,
-        batch_size=batch_size,
-        on_tokens=on_tokens,
-    )
-    tokens = 0
-    for index, result in results:
-        request, (prompt_ids, response_ids) = todo[index], texts[index]
-        n_out, n_strides, n_arms = len(response_ids), result.query_drift.shape[1], len(arm_names)
-        writer.write_requests(
-            {
-                "requests": _request_row(request, len(prompt_ids), n_out),
-                "positions": {
-                    "request_id": [request.request_id] * (n_arms * n_out),
-                    "arm": np.repeat(arm_names, n_out),
-                    "position": np.tile(np.arange(n_out), n_arms),
-                    "outcome": result.outcome.reshape(-1),
-                    "entropy": result.entropy.reshape(-1),
-                    **(
-                        {"token_acceptance": result.token_acceptance.reshape(-1)}
-                        if result.token_acceptance is not None
-                        else {}
-                    ),
-                },
-                "strides": {
-                    "request_id": [request.request_id] * (n_arms * n_strides),
-                    "arm": np.repeat(arm_names, n_strides),
-                    "stride": np.tile(np.arange(n_strides), n_arms),
-                    "query_drift": result.query_drift.reshape(-1),
-                    "retained_mass": result.retained_mass.reshape(-1),
-                },
-            }
+    with TraceWriter(out_dir, manifest, shard=shard) as writer:  # its lease is released however this ends
+        todo, n_mine = _todo(requests, by_id, shard, writer)
+        arm_names = np.array(probe_arms(settings.arm_ages))
+        texts = [
+            (list(by_id[request.request_id]["prompt_token_ids"]), list(by_id[request.request_id]["response_token_ids"]))
+            for request in todo
+        ]
+        results = probe_requests(
+            draft_model,
+            texts,
+            policy=settings.cache_policy("rift-stat"),
+            temperature=settings.temperature,
+            arm_ages=settings.arm_ages,
+            decision_stride=settings.decision_stride,
+            target_model=target_model,
+            batch_size=batch_size,
+            on_tokens=on_tokens,
         )
-        tokens += n_out
-        if on_request is not None:
-            on_request(request.request_id, n_out)
-    return CollectionSummary(str(out_dir), "probe", n_mine, n_mine - len(todo), len(todo), tokens)
+        tokens = 0
+        for index, result in results:
+            request, (prompt_ids, response_ids) = todo[index], texts[index]
+            n_out, n_strides, n_arms = len(response_ids), result.query_drift.shape[1], len(arm_names)
+            writer.write_requests(
+                {
+                    "requests": _request_row(request, len(prompt_ids), n_out),
+                    "positions": {
+                        "request_id": [request.request_id] * (n_arms * n_out),
+                        "arm": np.repeat(arm_names, n_out),
+                        "position": np.tile(np.arange(n_out), n_arms),
+                        "outcome": result.outcome.reshape(-1),
+                        "entropy": result.entropy.reshape(-1),
+                        **(
+                            {"token_acceptance": result.token_acceptance.reshape(-1)}
+                            if result.token_acceptance is not None
+                            else {}
+                        ),
+                    },
+                    "strides": {
+                        "request_id": [request.request_id] * (n_arms * n_strides),
+                        "arm": np.repeat(arm_names, n_strides),
+                        "stride": np.tile(np.arange(n_strides), n_arms),
+                        "query_drift": result.query_drift.reshape(-1),
+                        "retained_mass": result.retained_mass.reshape(-1),
+                    },
+                }
+            )
+            tokens += n_out
+            if on_request is not None:
+                on_request(request.request_id, n_out)
+        return CollectionSummary(str(out_dir), "probe", n_mine, n_mine - len(todo), len(todo), tokens)
 
 
 def check_free_running(free_running: bool, temperature: float) -> None:
@@ -391,61 +391,61 @@ def collect_closed(
         **(extra_manifest or {}),
     }
     manifest = settings.manifest("closed", len(requests), **extra)
-    writer = TraceWriter(out_dir, manifest, shard=shard)
-    if writer.manifest.get("policies") != labels:
-        raise TraceError(
-            f"{out_dir}/manifest.json: policies {writer.manifest.get('policies')} differ from {labels}; "
-            "use another output directory"
-        )
-    by_id = _targets_by_id(targets)
-    todo, n_mine = _todo(requests, by_id, shard, writer)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    runs = [(request, policy) for request in todo for policy in resolved]
-    hooks = [ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True) for _, policy in runs]
-    batch = []
-    for (request, policy), hook in zip(runs, hooks, strict=True):
-        response_ids = list(by_id[request.request_id]["response_token_ids"])
-        batch.append(
-            BatchRequest(
-                list(by_id[request.request_id]["prompt_token_ids"]),
-                policy.cache,
-                max_new_tokens=len(response_ids),
-                seed=request_seed(settings.seed, request.request_id),
-                refresh_hook=hook,
-                forced_tokens=None if free_running else response_ids,
+    with TraceWriter(out_dir, manifest, shard=shard) as writer:  # its lease is released however this ends
+        if writer.manifest.get("policies") != labels:
+            raise TraceError(
+                f"{out_dir}/manifest.json: policies {writer.manifest.get('policies')} differ from {labels}; "
+                "use another output directory"
             )
+        by_id = _targets_by_id(targets)
+        todo, n_mine = _todo(requests, by_id, shard, writer)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        runs = [(request, policy) for request in todo for policy in resolved]
+        hooks = [ControllerRefresh(Controller.from_dict(policy.controller), record_strides=True) for _, policy in runs]
+        batch = []
+        for (request, policy), hook in zip(runs, hooks, strict=True):
+            response_ids = list(by_id[request.request_id]["response_token_ids"])
+            batch.append(
+                BatchRequest(
+                    list(by_id[request.request_id]["prompt_token_ids"]),
+                    policy.cache,
+                    max_new_tokens=len(response_ids),
+                    seed=request_seed(settings.seed, request.request_id),
+                    refresh_hook=hook,
+                    forced_tokens=None if free_running else response_ids,
+                )
+            )
+        finished: dict[str, list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh] | None]] = {}
+        tokens = 0
+
+        def write_when_complete(index: int, result: SpeculativeResult) -> None:
+            """A request's trace part is written once all its policies have finished (in policy order)."""
+            nonlocal tokens
+            request, policy = runs[index]
+            done = finished.setdefault(request.request_id, [None] * len(resolved))
+            done[index % len(resolved)] = (policy, result, hooks[index])
+            if all(entry is not None for entry in done):
+                del finished[request.request_id]
+                n_out = _write_closed_request(writer, request, by_id[request.request_id], done)  # type: ignore[arg-type]
+                tokens += n_out * len(resolved)
+                if on_request is not None:
+                    on_request(request.request_id, n_out)
+
+        # Continuous batching: a (request, policy) run that finishes gives its slot to the next one.
+        speculative_generate_batch(
+            draft_model,
+            batch,
+            target_model=target_model,
+            draft_length=settings.draft_length,
+            temperature=settings.temperature,
+            max_batch=batch_size,
+            on_finish=write_when_complete,
+            on_progress=on_tokens,
         )
-    finished: dict[str, list[tuple[ClosedPolicy, SpeculativeResult, ControllerRefresh] | None]] = {}
-    tokens = 0
-
-    def write_when_complete(index: int, result: SpeculativeResult) -> None:
-        """A request's trace part is written once all its policies have finished (in policy order)."""
-        nonlocal tokens
-        request, policy = runs[index]
-        done = finished.setdefault(request.request_id, [None] * len(resolved))
-        done[index % len(resolved)] = (policy, result, hooks[index])
-        if all(entry is not None for entry in done):
-            del finished[request.request_id]
-            n_out = _write_closed_request(writer, request, by_id[request.request_id], done)  # type: ignore[arg-type]
-            tokens += n_out * len(resolved)
-            if on_request is not None:
-                on_request(request.request_id, n_out)
-
-    # Continuous batching: a (request, policy) run that finishes gives its slot to the next one.
-    speculative_generate_batch(
-        draft_model,
-        batch,
-        target_model=target_model,
-        draft_length=settings.draft_length,
-        temperature=settings.temperature,
-        max_batch=batch_size,
-        on_finish=write_when_complete,
-        on_progress=on_tokens,
-    )
-    return CollectionSummary(
-        str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}
-    )
+        return CollectionSummary(
+            str(out_dir), "closed", n_mine, n_mine - len(todo), len(todo), tokens, {"policies": labels}
+        )
 
 
 _STRIDE_COLUMNS = (

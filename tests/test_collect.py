@@ -403,6 +403,32 @@ def test_corrupt_part_is_named_and_the_named_remedy_resumes(tmp_path: Path):
     _assert_same_traces(read_probe_traces(out), original)
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage", ["probe", "closed"])
+def test_a_collection_that_fails_releases_its_lease_and_the_same_process_resumes(stage, tmp_path: Path):
+    """A failure mid-collection (a full disk, a crash in a callback) releases the shard's lease even while
+    its traceback keeps the collection's frames alive, so a second call in the same process resumes."""
+    model, requests, targets = _small_job()
+    out = tmp_path / stage
+
+    def run(on_request=None):
+        if stage == "probe":
+            return collect_probe(model, requests, targets, out, SMALL, on_request=on_request, batch_size=1)
+        return collect_closed(model, requests, targets, out, SMALL, ["stat"], on_request=on_request, batch_size=1)
+
+    def stop_after_first(request_id, n_out):
+        raise _Stop(request_id)
+
+    with pytest.raises(_Stop) as failed:
+        run(stop_after_first)
+    kept = failed.value.__traceback__  # the frames, and any writer they hold, stay alive
+    summary = run()
+    assert kept is not None and (summary.skipped, summary.collected) == (1, 2)
+
+
 def test_closed_loop_sampling_is_stable_under_resume_and_sharding(tmp_path: Path):
     """At T = 1 a request's rounds depend on its own seed only, not on what ran before it."""
     model, requests, targets = _small_job(3)
