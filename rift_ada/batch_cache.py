@@ -26,7 +26,7 @@ Requests prefill alone (exactly as a single request does), then join: `BatchedCa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -481,44 +481,49 @@ class StackedArmsLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         """Each member appends its rows' new keys and values; the keys and values attended, (rows, kv, width, d),
-        zero past a member's own width (masked). Arms write their working sets into them directly."""
+        zero past a member's own width (masked). Arms write their working sets into them directly; canonical
+        members (full attention) copy in the stored KV their own update returns."""
         n_new = key_states.shape[2]
-        if any(member.arms is None for member in self.members):  # canonical caches: their full stored KV
-            return self._stack_updates(key_states, value_states)
-        sizes = [member.arm_set_size(n_new) for member in self.members]
-        width = max(sizes)
-        keys = key_states.new_empty(key_states.shape[0], key_states.shape[1], width, key_states.shape[3])
-        values = value_states.new_empty(value_states.shape[0], value_states.shape[1], width, value_states.shape[3])
         notes: list[PendingAttention | None] = []
-        for member, rows, size in zip(self.members, span_slices(self.spans), sizes, strict=True):
-            member.update_arms_into(key_states[rows], value_states[rows], keys[rows, :, :size], values[rows, :, :size])
-            if size < width:
-                keys[rows, :, size:] = 0
-                values[rows, :, size:] = 0
-            notes.append(pop_pending(self.layer_idx))
+        if any(member.arms is None for member in self.members):
+            parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+            for member, rows in zip(self.members, span_slices(self.spans), strict=True):
+                parts.append(member.update(key_states[rows], value_states[rows]))
+                notes.append(pop_pending(self.layer_idx))
+            sizes = [part[0].shape[2] for part in parts]
+
+            def fill(index: int, rows: slice, keys: torch.Tensor, values: torch.Tensor) -> None:
+                keys.copy_(parts[index][0])
+                values.copy_(parts[index][1])
+        else:
+            sizes = [member.arm_set_size(n_new) for member in self.members]
+
+            def fill(index: int, rows: slice, keys: torch.Tensor, values: torch.Tensor) -> None:
+                self.members[index].update_arms_into(key_states[rows], value_states[rows], keys, values)
+                notes.append(pop_pending(self.layer_idx))
+
+        keys, values = self._stacked(key_states, value_states, sizes, fill)
         set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
         return keys, values
 
-    def _stack_updates(self, key_states: torch.Tensor, value_states: torch.Tensor):
-        """`update` for members whose own updates return their keys and values: padded and concatenated."""
-        n_new = key_states.shape[2]
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        notes: list[PendingAttention | None] = []
-        for member, rows in zip(self.members, span_slices(self.spans), strict=True):
-            parts.append(member.update(key_states[rows], value_states[rows]))
-            notes.append(pop_pending(self.layer_idx))
-        sizes = [part[0].shape[2] for part in parts]
+    def _stacked(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        sizes: list[int],
+        fill: Callable[[int, slice, torch.Tensor, torch.Tensor], None],
+    ):
+        """One (rows, kv, max(sizes), d) buffer each for keys and values: `fill(index, rows, keys, values)` writes
+        member `index`'s first `sizes[index]` positions into its rows; the rest of its rows are zeroed."""
         width = max(sizes)
-        set_pending(self.layer_idx, BatchPending(self, notes, [n_new] * len(notes), sizes, n_new, list(self.spans)))
-        stacked = []
-        for which, states in enumerate((key_states, value_states)):
-            buffer = states.new_empty(states.shape[0], states.shape[1], width, states.shape[3])
-            for part, rows, size in zip(parts, span_slices(self.spans), sizes, strict=True):
-                buffer[rows, :, :size] = part[which]
-                if size < width:
-                    buffer[rows, :, size:] = 0
-            stacked.append(buffer)
-        return stacked[0], stacked[1]
+        keys = key_states.new_empty(key_states.shape[0], key_states.shape[1], width, key_states.shape[3])
+        values = value_states.new_empty(value_states.shape[0], value_states.shape[1], width, value_states.shape[3])
+        for index, (rows, size) in enumerate(zip(span_slices(self.spans), sizes, strict=True)):
+            fill(index, rows, keys[rows, :, :size], values[rows, :, :size])
+            if size < width:
+                keys[rows, :, size:] = 0
+                values[rows, :, size:] = 0
+        return keys, values
 
 
 class StackedArmsCache(DynamicCache):
