@@ -5,11 +5,14 @@ times, then its operators by self CPU time (torch.profiler): the Linears' rate a
 prefill has anything left to gain. ``probe``: `probe_requests` of ``--batch`` requests (random ``--tokens``-token
 responses), its requests' set-up (prefill, arms' copies) apart from its strides, then the strides' Python by
 cumulative time (cProfile). ``split``: the same probe's CPU seconds by part (set-up, the stacked arms' and canonical
-forwards, `prepare` with its rescoring, `finish`) and stride, and the arm rows each stride ran.
+forwards, `prepare` with its rescoring, `finish`) and stride, and the arm rows each stride ran. ``faults``: the same
+probe's set-up and strides apart, each as user and system CPU seconds, minor page faults and RSS growth (a page
+touched for the first time is a fault the kernel serves in system time; `first_touch.py` measures its price).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py prefill
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py probe --batch 8 --tokens 32
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py split --batch 16 --tokens 32
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/prefill_profile.py faults --batch 16 --tokens 32
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import collections
 import cProfile
 import pstats
+import resource
 import sys
 import time
 from pathlib import Path
@@ -138,9 +142,55 @@ def split_probe(model, prompts: list[list[int]], batch: int, tokens: int) -> Non
     print(f"{'all':>6s}  {sum(rows.values()):8d}  {sums}")
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmRSS:")[1].split()[0])
+
+
+def fault_probe(model, prompts: list[list[int]], batch: int, tokens: int) -> None:
+    import rift_ada.collectors.probe as probe
+    from rift_ada.budget import make_policy
+    from rift_ada.memory import cap_heap_growth
+
+    cap_heap_growth()  # as the CLI and bench_throughput.py run
+    generator = torch.Generator().manual_seed(0)
+    texts = [(p, torch.randint(0, 49000, (tokens,), generator=generator).tolist()) for p in prompts[:batch]]
+    policy = make_policy("rift-stat", budget=128, obs_window=64)
+    dict(probe.probe_requests(model, texts[:2], policy=policy, batch_size=2))  # warm up
+    requests: list = []
+
+    def set_up() -> None:
+        for prompt, response in texts:
+            requests.append(
+                probe._RequestProbe(
+                    model, list(prompt), list(response), policy=policy, temperature=0.0,
+                    arm_ages=probe.DEFAULT_ARM_AGES, decision_stride=8, target_model=None,
+                )
+            )  # fmt: skip
+
+    def strides() -> None:
+        while not all(request.done for request in requests):
+            for request in requests:
+                request.prepare()
+            arms = probe._arms_forward(model, requests)
+            full = probe._canonical_forward(model, requests)
+            for request, arm_logits, full_logits in zip(requests, arms, full, strict=True):
+                request.finish(arm_logits, full_logits)
+
+    print(f"probe of {batch} x {tokens}, as `probe_requests` runs {batch} at once")
+    print("part        user s   system s   minor faults   RSS growth MiB")
+    with torch.no_grad():
+        for name, part in (("set-up", set_up), ("strides", strides)):
+            before, rss = resource.getrusage(resource.RUSAGE_SELF), _rss_kib()
+            part()
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            print(f"{name:8s}  {after.ru_utime - before.ru_utime:8.2f}   {after.ru_stime - before.ru_stime:8.2f}   "
+                  f"{after.ru_minflt - before.ru_minflt:12d}   {(_rss_kib() - rss) / 1024:14.0f}")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("prefill", "probe", "split"))
+    parser.add_argument("what", choices=("prefill", "probe", "split", "faults"))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
@@ -152,6 +202,8 @@ def main() -> int:
         profile_prefill(model, prompts[0])
     elif args.what == "probe":
         profile_probe(model, prompts, args.batch, args.tokens)
+    elif args.what == "faults":
+        fault_probe(model, prompts, args.batch, args.tokens)
     else:
         split_probe(model, prompts, args.batch, args.tokens)
     return 0
