@@ -193,9 +193,10 @@ def main() -> int:
     parser.add_argument("what", choices=("prefill", "probe", "split", "faults"))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--isl", type=int, default=448, help="the longest ragged prompt (the bench's prompts)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    setup = argparse.Namespace(quick=False, preset="smollm2-135m", dtype="float32", isl=448, seed=0)
+    setup = argparse.Namespace(quick=False, preset="smollm2-135m", dtype="float32", isl=args.isl, seed=0)
     model, tokenizer = bench_throughput.load(setup)
     prompts = bench_throughput.make_prompts(setup, tokenizer, max(args.batch, 1))
     if args.what == "prefill":
