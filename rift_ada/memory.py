@@ -7,8 +7,12 @@ SmolLM2-135M with 7 arms reached 15.1 GB of RSS. A fixed threshold stops that gr
 1.83 GB at 16 MiB). It is fixed at 16 MiB, not lower, because every block above it is a fresh mmap whose pages
 fault in on first touch: at 1 MiB a 3 MiB bf16 -> float32 key upcast took 1.71 ms against 0.17 ms at
 16 MiB, and a 6 MiB softmax 4.95 ms against 1.45 ms (docs/performance.md, "Memory", with its command).
-The trim threshold is set to twice it, as glibc's own dynamic setting does, so a block freed at the
-heap's top is not handed back to the kernel only to fault in again.
+The trim threshold (how much free memory at the heap's top glibc keeps instead of handing it back to the
+kernel) is 256 MiB, not glibc's twice-the-mmap-threshold: a long prefill's activations (tens of MiB, each block
+under 16 MiB) are freed at the top layer after layer, and at 32 MiB the heap gave them back and faulted them in
+again; a probe of 4 requests of 2K-token prompts then touched 3.5 GiB of fresh pages in its set-up, against 0.9 GiB
+at 256 MiB (1.67 against 0.41 CPU-s of system time; 1 GiB did no better)
+(docs/notes/2026-12-07-probe-zen4-first-touch.md).
 
 Blocks under the threshold stay in the heap once freed: after a 32-request closed loop the process
 kept 2.98 GiB, of which ``malloc_trim`` gave 2.06 GiB back in 0.17 s (docs/performance.md, "Memory").
@@ -22,11 +26,12 @@ import ctypes
 import os
 import sys
 
-__all__ = ["DEFAULT_MMAP_THRESHOLD", "cap_heap_growth", "release_free_heap"]
+__all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "cap_heap_growth", "release_free_heap"]
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 M_MMAP_THRESHOLD = -3
 DEFAULT_MMAP_THRESHOLD = 16 << 20
+DEFAULT_TRIM_THRESHOLD = 256 << 20
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -38,16 +43,17 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
-def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at ``threshold`` bytes and its trim threshold at twice that; True when set.
-
-    No-op (False) off glibc Linux, and when the user set ``MALLOC_MMAP_THRESHOLD_`` (theirs wins).
+def cap_heap_growth(threshold: int = DEFAULT_MMAP_THRESHOLD, trim: int = DEFAULT_TRIM_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at ``threshold`` bytes and its trim threshold at ``trim`` (at least twice the
+    mmap threshold, as glibc's own setting); True when set. No-op (False) off glibc Linux, and when the user set
+    ``MALLOC_MMAP_THRESHOLD_`` (theirs wins).
     """
     libc = None if "MALLOC_MMAP_THRESHOLD_" in os.environ else _glibc()
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is None:
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold))) and bool(mallopt(M_TRIM_THRESHOLD, 2 * int(threshold)))
+    trim = max(int(trim), 2 * int(threshold))
+    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold))) and bool(mallopt(M_TRIM_THRESHOLD, trim))
 
 
 def release_free_heap() -> bool:
