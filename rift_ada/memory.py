@@ -10,9 +10,8 @@ fault in on first touch: at 1 MiB a 3 MiB bf16 -> float32 key upcast took 1.71 m
 The trim threshold (how much free memory at the heap's top glibc keeps instead of handing it back to the
 kernel) is 256 MiB, not glibc's twice-the-mmap-threshold: a long prefill's activations (tens of MiB, each block
 under 16 MiB) are freed at the top layer after layer, and at 32 MiB the heap gave them back and faulted them in
-again; a probe of 4 requests of 2K-token prompts then touched 3.5 GiB of fresh pages in its set-up, against 0.9 GiB
-at 256 MiB (1.67 against 0.41 CPU-s of system time; 1 GiB did no better)
-(docs/notes/2026-12-07-probe-zen4-first-touch.md).
+again; a probe of 4 requests of 2K-token prompts then faulted 748 K fresh pages in its set-up, against 282 K at
+256 MiB (1.33 against 0.50 CPU-s of system time; docs/notes/2026-12-07-probe-zen4-first-touch.md, section 5).
 
 Blocks under the threshold stay in the heap once freed: after a 32-request closed loop the process
 kept 2.98 GiB, of which ``malloc_trim`` gave 2.06 GiB back in 0.17 s (docs/performance.md, "Memory").
