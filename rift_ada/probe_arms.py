@@ -97,25 +97,27 @@ def keep_arm_rows(layer: BudgetedLayer, parents: torch.Tensor) -> None:
 def arms_retained_mass(
     layer: BudgetedLayer, probs: torch.Tensor, pending: PendingAttention, targets: list[ArmWorkingSets]
 ) -> torch.Tensor:
-    """Share of full-KV attention (b=1, kv, g, q, n) that each arm's working set in ``targets`` holds, (A,)."""
-    head_probs = probs[0].float()  # (kv, g, q, n)
-    n_keys = head_probs.shape[-1]
+    """Share of full-KV attention (b=1, kv, g, q, n) that each arm's working set in ``targets`` holds, (A,), averaged
+    over heads and queries: the window's mass (every arm's) plus, for each key an arm sees, its mass from the
+    queries whose window it is outside, summed over the query heads and queries once for all arms."""
+    per_key = probs[0].float().sum(1)  # (kv, q, n): each KV head's group of query heads summed
+    n_kv, n_queries, n_keys = per_key.shape
+    cells = n_kv * (probs.shape[2] * n_queries)  # the (kv, g, q) means are over
     query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=probs.device)
     key_positions = torch.arange(n_keys, device=probs.device)
     in_window = (key_positions[None, :] > query_positions[:, None] - layer.window) & (
         key_positions[None, :] <= query_positions[:, None]
     )
-    window_mass = (head_probs * in_window).sum(-1)  # (kv, g, q)
+    window_mass = (per_key * in_window).sum()
+    outside_window = (per_key * ~in_window).sum(1)  # (kv, n)
     masses = []
     for target in targets:
         selection, valid, prefix_limit = target.selection, target.valid, target.prefix_limit
-        n_arms, n_kv = selection.shape[:2]
+        n_arms = selection.shape[0]
         visible = torch.zeros(n_arms, n_kv, n_keys, dtype=torch.bool, device=probs.device)
         visible.scatter_(2, selection, valid.expand_as(selection))
         visible |= key_positions < prefix_limit[:, None, None]
-        extra = visible[:, :, None, None, :] & ~in_window  # (A, kv, 1, q, n): seen outside the window
-        arm_masses = window_mass + (head_probs * extra).sum(-1)  # (A, kv, g, q)
-        masses.append(arm_masses.flatten(1).mean(1))
+        masses.append((window_mass + (outside_window * visible).sum((1, 2))) / cells)
     return torch.stack(masses).mean(0) if masses else torch.zeros(0)
 
 
