@@ -191,8 +191,8 @@ def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
             note.window,
             note.window_start,
             note.n_selected,
-            None if note.prefix_limit is None else int(note.prefix_limit[0]),
-            note.selection_valid is None,
+            _contents(note.prefix_limit),
+            _contents(note.selection_valid),
         )
         for note in pending.rows
     )
@@ -200,14 +200,22 @@ def _mask_key(pending: BatchPending, n_kv: int) -> tuple:
     return (notes, tuple(pending.counts), tuple(pending.sizes), pending.n_new, n_kv, spans)
 
 
+def _contents(tensor: torch.Tensor | None) -> tuple | None:
+    """A small mask input's shape and values as a key (a probe's per-arm prefix limits and padded slots: a few
+    hundred values, read once per layer)."""
+    return None if tensor is None else (tuple(tensor.shape), tuple(tensor.flatten().tolist()))
+
+
 def batch_mask(pending: BatchPending, n_kv: int, device: torch.device) -> torch.Tensor | None:
     """(b, 1 | kv, q, width) visibility, or None when every query may see every gathered key. The second
     dimension is 1 unless a row's visibility differs between KV heads (per-head selection validity).
 
-    Every layer of a forward usually has the same rows' lengths and windows, so the last mask is
-    reused when its description matches (rows with per-slot validity masks are never cached)."""
-    key = _mask_key(pending, n_kv)
-    cacheable = all(note is None or note.selection_valid is None for note in pending.rows)
+    Every layer of a forward usually has the same rows' lengths and windows (and a probe's arms the same padded
+    slots), so the last mask is reused when its description matches. Off the CPU, rows with per-slot validity are
+    not cached (their key would read the device's values at every layer)."""
+    cacheable = all(note is None or note.selection_valid is None or note.selection_valid.device.type == "cpu"
+                    for note in pending.rows)  # fmt: skip
+    key = _mask_key(pending, n_kv) if cacheable else None
     if cacheable and _last_mask[0] == key and _last_mask[1] is not None and _last_mask[1].device == device:
         return _last_mask[1]
     mask = _batch_mask(pending, n_kv, device)

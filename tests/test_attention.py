@@ -251,3 +251,25 @@ def test_a_square_causal_prefill_matches_dense_reference_in_blocks_where_they_pa
     masked, _ = attention._make_interface("sdpa")(module, query, key, value, causal[None, None])
     assert len(blocked) == (length > attention.CAUSAL_BLOCK)  # a mask given: transformers' own attention
     torch.testing.assert_close(masked.double(), got.double(), atol=2 * tolerance, rtol=0)
+
+
+def test_batch_mask_is_reused_only_for_the_same_padded_slots_and_prefix_limits():
+    # a probe's arms rows (two arms per note): each layer builds its own tensors of the same contents
+    def pending(valid_size: int, prefix_limits: list[int]) -> BatchPending:
+        notes = []
+        for first in (30, 41):
+            note = _note(first, 4, 16, 8)
+            note.selection_valid = (torch.arange(8) < torch.tensor([8, valid_size])[:, None])[:, None, :]
+            note.prefix_limit = torch.tensor(prefix_limits)
+            notes.append(note)
+        sizes = [note.n_selected + (note.first_position + note.n_new - note.window_start) for note in notes]
+        return BatchPending(_Layer(), notes, [4, 4], sizes, n_new=4, spans=[2, 2])
+
+    device = torch.device("cpu")
+    first = attention.batch_mask(pending(5, [0, 0]), N_KV, device)
+    assert attention.batch_mask(pending(5, [0, 0]), N_KV, device) is first  # equal contents: the same mask
+    for changed in (pending(6, [0, 0]), pending(5, [0, 20])):  # another arm's padding or prefix: a new mask
+        mask = attention.batch_mask(changed, N_KV, device)
+        assert mask is not first
+        assert torch.equal(mask, attention._batch_mask(changed, N_KV, device))
+        assert not torch.equal(mask, first)
