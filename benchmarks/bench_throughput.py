@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import resource
@@ -406,7 +407,9 @@ def run_cell(model: Any, job: dict[str, Any], prompts: list[list[int]], response
         from rift_ada.collectors.probe import probe_requests
 
         texts = [(p, r[:tokens]) for p, r in zip(chosen, responses, strict=False)]
-        result = dict(probe_requests(model, texts, policy=policy, batch_size=batch))
+        bounded = "position_budget" in inspect.signature(probe_requests).parameters  # a tree since this evening
+        unbounded = {"position_budget": None} if bounded else {}
+        result = dict(probe_requests(model, texts, policy=policy, batch_size=batch, **unbounded))  # the batch asked
         out["tokens"] = sum(len(r) for _, r in texts)
         out["arms"] = probe_arms_for(tokens)
         if hasattr(result[0], "arm_rows_run"):  # a tree that runs arms sharing a history as one row (49ee970)

@@ -25,7 +25,7 @@ from rift_ada.cli._errors import ReportingGroup, bad_option, describe_error, fai
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
 from rift_ada.cli._progress import ProgressReporter
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
-from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, TARGETS_BATCH, default_batch
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, PROBE_POSITION_BUDGET, TARGETS_BATCH, default_batch
 
 _DEFAULT_ARM_AGES = ",".join(map(str, DEFAULT_ARM_AGES))
 
@@ -59,7 +59,8 @@ DtypeOption = Annotated[
 BatchSizeOption = Annotated[
     int | None,
     typer.Option(
-        min=1, help="Responses generated together; default 16 in float32, 32 in bfloat16 / float16 (half the KV bytes a row)."
+        min=1,
+        help="Responses generated together; default 16 in float32, 32 in bfloat16 / float16 (half the KV bytes a row).",
     ),
 ]
 ClosedBatchSizeOption = Annotated[
@@ -316,7 +317,8 @@ def collect(
     dataset: Annotated[str, typer.Option(help="Dataset spec (see `rift-ada datasets`).")] = "embedded:small",
     out: Annotated[Path, typer.Option(help="Trace directory.")] = Path("runs/traces"),
     targets_file: Annotated[
-        Path | None, typer.Option("--targets", help="Targets Parquet (generated if absent; default: OUT/targets.parquet).")
+        Path | None,
+        typer.Option("--targets", help="Targets Parquet (generated if absent; default: OUT/targets.parquet)."),
     ] = None,
     policy: Annotated[
         list[str] | None, typer.Option(help="Closed mode: stat, periodic:N, swa, ..., or controller JSON.")
@@ -344,8 +346,9 @@ def collect(
         int | None,
         typer.Option(
             min=1,
-            help=f"Probe mode: requests whose arms share each forward (default {PROBE_BATCH}; each holds every "
-            "arm's KV, docs/performance.md).",
+            help=f"Probe mode: requests whose arms share each forward (default {PROBE_BATCH}, fewer while their "
+            f"prompt and response positions would pass {PROBE_POSITION_BUDGET}: each holds every arm's KV, "
+            "docs/performance.md).",
         ),
     ] = None,
     free_running: Annotated[
@@ -579,11 +582,16 @@ def calibrate(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Run directory: report, study.db, calibration.json, controller.json (default runs/<model>-T<temp>/calibration)."),
+        typer.Option(
+            help="Run directory: report, study.db, calibration.json, controller.json (default runs/<model>-T<temp>/calibration)."
+        ),
     ] = None,
     controller_out: Annotated[
         Path | None,
-        typer.Option("--controller", help="Controller JSON path (default: OUT/controller.json with --out, else controllers/<model>-T<temp>.json)."),
+        typer.Option(
+            "--controller",
+            help="Controller JSON path (default: OUT/controller.json with --out, else controllers/<model>-T<temp>.json).",
+        ),
     ] = None,
     trials: Annotated[int, typer.Option(min=0, help="Search trials (baselines come on top).")] = 200,
     timeout: Annotated[

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from rift_ada.cli._common import check_dataset, check_model, check_writable, console, progress_reporter
 from rift_ada.cli._options import DEFAULT_SCORER, ModelOption, ScorerOption
-from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH
+from rift_ada.throughput import CLOSED_BATCH, PROBE_BATCH, PROBE_POSITION_BUDGET
 
 BenchSizeName = Literal["tiny", "small", "full"]  # the keys of experiments.bench.BENCH_SIZES (a test keeps them equal)
 OUT_HELP = "Run directory (re-running continues where it stopped)."
@@ -56,7 +56,11 @@ def bench(
         ),
     ] = None,
     probe_batch_size: Annotated[
-        int | None, typer.Option(help=f"Requests stacked in one probe forward (default {PROBE_BATCH}).")
+        int | None,
+        typer.Option(
+            help=f"Requests stacked in one probe forward (default {PROBE_BATCH}, fewer while their prompt and "
+            f"response positions would pass {PROBE_POSITION_BUDGET})."
+        ),
     ] = None,
     confirm_extra: Annotated[
         int | None,

@@ -42,6 +42,7 @@ from rift_ada.cache import BudgetedLayer, make_draft_cache
 from rift_ada.collectors.probe_traces import ARM_FULL, ARM_STAT, DEFAULT_ARM_AGES, age_arm
 from rift_ada.probe_arms import arm_working_sets, keep_arm_rows, reserve_arm_rows
 from rift_ada.speculative import acceptance_given_token, entropy_and_probs, greedy_tokens
+from rift_ada.throughput import PROBE_POSITION_BUDGET
 
 
 class ProbeError(ValueError):
@@ -346,8 +347,11 @@ def probe_requests(
     target_model: Any | None = None,
     batch_size: int = 1,
     on_tokens: Callable[[int, int], None] | None = None,
+    position_budget: int | None = PROBE_POSITION_BUDGET,
 ) -> Iterator[tuple[int, ProbeResult]]:
     """Probe (prompt, response) requests, up to ``batch_size`` at a time; yield (index, result) as each ends.
+    A request joins those in flight only while their prompt and response positions together stay within
+    ``position_budget`` (None: no bound; a request alone always runs): each holds every arm's KV of them.
 
     Each request prefills and runs its canonical pass alone; the arms' forwards of the requests in
     flight whose strides have the same length run as one forward (their arms stacked along the
@@ -358,6 +362,8 @@ def probe_requests(
     """
     if batch_size < 1:
         raise ProbeError(f"batch_size must be >= 1, got {batch_size}")
+    if position_budget is not None and position_budget < 1:
+        raise ProbeError(f"position_budget must be >= 1 or None, got {position_budget}")
     for prompt_ids, response_ids in requests:
         check_probe(prompt_ids, response_ids, policy, arm_ages, decision_stride)
     waiting = list(enumerate(requests))[::-1]
@@ -370,8 +376,14 @@ def probe_requests(
         target_model=target_model,
     )
     while waiting or active:
+        held = sum(probe.sequence.shape[1] for _, probe in active)
         while waiting and len(active) < batch_size:
-            index, (prompt_ids, response_ids) = waiting.pop()
+            index, (prompt_ids, response_ids) = waiting[-1]
+            positions = len(prompt_ids) + len(response_ids)
+            if active and position_budget is not None and held + positions > position_budget:
+                break
+            waiting.pop()
+            held += positions
             active.append((index, _RequestProbe(draft_model, list(prompt_ids), list(response_ids), **settings)))
         groups: dict[int, list[_RequestProbe]] = {}
         for _, probe in active:

@@ -361,52 +361,11 @@ def _sdpa(
     scaling: float,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """torch's SDPA of (b, h, q, d) queries over (b, kv, n, d) keys (grouped when kv < h) -> (b, q, h, d).
-    ``is_causal``: a square causal triangle (a prefill), in `CAUSAL_BLOCK`-query blocks where `causal_blocks_pay`."""
-    if is_causal and mask is None and causal_blocks_pay(query, key):
-        return _blocked_causal_sdpa(query, key, value, scaling)
+    """torch's SDPA of (b, h, q, d) queries over (b, kv, n, d) keys (grouped when kv < h) -> (b, q, h, d)."""
     output = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=query.shape[1] > key.shape[1]
     )
     return output.transpose(1, 2).contiguous()
-
-
-CAUSAL_BLOCK = 64  # queries per SDPA call of a blocked causal prefill
-CAUSAL_BLOCKED_UP_TO = 1024  # the longest square prefill that takes blocks
-
-
-def causal_blocks_pay(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether a square causal prefill of (b, h, n, d) queries runs faster as `_blocked_causal_sdpa`: on a CPU for
-    `CAUSAL_BLOCK` < n <= `CAUSAL_BLOCKED_UP_TO`. torch 2.13's CPU flash attention is slow on a short causal
-    square; blocks of 64 queries over their keys so far were 1.74x faster at 390 tokens, 1.42x at 512, 1.10x at
-    1,024, 0.99x at 1,536 and 0.92x at 2,048 (float32; bf16 1.32x at 390, 1.07x at 1,024, 0.96x at 2,048; SmolLM2's
-    9 query heads over 3 KV heads, d = 64, one thread, an AMD Zen 4: benchmarks/investigations/causal_blocks.py).
-    Other devices keep the fused kernel."""
-    length = query.shape[2]
-    return query.device.type == "cpu" and CAUSAL_BLOCK < length <= CAUSAL_BLOCKED_UP_TO and key.shape[2] == length
-
-
-def _blocked_causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Causal SDPA of a square prefill, (b, h, n, d) -> (b, n, h, d), one call per `CAUSAL_BLOCK` queries: the first
-    block is its own causal square; each later one sees the keys up to its last query, masked above the diagonal.
-    The same attention as one causal call, up to the order of float additions (about 3e-7 in float32)."""
-    batch, n_heads, length, head_dim = query.shape
-    grouped = n_heads > key.shape[1]
-    output = query.new_empty(batch, length, n_heads, value.shape[-1])
-    for start in range(0, length, CAUSAL_BLOCK):
-        end = min(length, start + CAUSAL_BLOCK)
-        mask = None if start == 0 else causal_visibility(start, end - start, end, query.device)
-        block = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, :end],
-            value[:, :, :end],
-            attn_mask=mask,
-            is_causal=start == 0,
-            scale=scaling,
-            enable_gqa=grouped,
-        )
-        output[:, start:end] = block.transpose(1, 2)
-    return output
 
 
 @functools.cache
@@ -590,29 +549,11 @@ def _make_interface(base: str) -> Callable[..., Any]:
         ):
             if pending is not None and pending.layer.wants_queries():
                 pending.layer.record_queries(query, _inverse_rope(module, query), pending)
-            if base == "sdpa" and _plain_causal_square(module, query, key, attention_mask, kwargs):
-                return _sdpa(query, key, value, None, kwargs.get("scaling") or module.scaling, is_causal=True), None
             return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
         return budgeted_attention(module, query, key, value, pending, scaling), None
 
     return rift_attention
-
-
-def _plain_causal_square(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any, kwargs: dict[str, Any]
-) -> bool:
-    """A call transformers' SDPA attention would make as one causal SDPA of a square prefill (no mask, no sliding
-    window, soft-capping, position bias or dropout), which `_sdpa` runs in blocks where `causal_blocks_pay`."""
-    return (
-        attention_mask is None
-        and kwargs.get("is_causal", getattr(module, "is_causal", True)) is not False
-        and not module.training
-        and not kwargs.get("dropout")
-        and all(kwargs.get(name) is None for name in ("sliding_window", "softcap", "position_bias"))
-        and query.shape[2] > 1
-        and causal_blocks_pay(query, key)
-    )
 
 
 def register_attention(base: str) -> str:

@@ -9,8 +9,8 @@ Since float32 Linears read packed weights (2026-12-06) stacking pays on the AMD 
 probes of ISL 328-448 prompts, 2 repeats on an idle machine, 20.8 against 16.4 tok/CPU-s at 8 requests against 1
 (1.27x; 32-token probes 1.17x at 8, 1.25x at 16), about 1.0-1.2x with another model job beside it; and 8 requests of
 2K-token prompts with 256-token probes peak at 10.5 GiB, under the closed loop's 11.9 GiB at its 32 rows (16 would hold
-twice that): so `PROBE_BATCH` is 8 (docs/notes/2026-12-07-shared-prefills.md), the size `rift-ada bench` probed at
-already.
+twice that): so `PROBE_BATCH` became 8 (docs/notes/2026-12-07-shared-prefills.md), the size `rift-ada bench` probed
+at already.
 Re-measured up to 64 rows on 2026-12-02 (the same note): the closed loop's
 decode rate peaks at 32 rows (1.15x 16 rows) and the targets' at 64 (2.1x 16 rows), but memory grows
 with the rows: with 2K-token prompts the closed loop already peaks at 6.2 GiB at 16 rows and the probe
@@ -36,6 +36,13 @@ loop reads 1.23x at 32 rows over 16 (docs/notes/2026-12-07-forced-rows-no-verifi
 confirmation, and `rift-ada bench`'s targets and closed loop, which share one ``batch_size``) runs 32 rows in every
 dtype (`CLOSED_BATCH`); bf16's 64, which its halved bytes would allow, is not measured since. `rift-ada targets`
 keeps `TARGETS_BATCH` (16, doubled in bf16).
+
+The probe, 2026-12-07 evening (docs/notes/2026-12-07-probe-prefill-blocks.md): with its prefills' attention in
+blocks, 16 requests of 328-448-token prompts read 1.01-1.08x 8 in three runs on the Zen 4 (1.04x in one before the
+blocks; float32, 32-token probes), and 32 read 0.90x 16 in one. Memory, not speed, kept it at 8: each request holds
+every arm's KV of its prompt and response. So `PROBE_BATCH` is 16 and a request joins those in flight only while
+their prompt and response positions stay within `PROBE_POSITION_BUDGET`, those of 8 requests of 2,048 + 256 tokens
+(the 10.5 GiB above): 16 requests of short prompts, 8 at docs/results.md's 2K-token prompts, as before.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from rift_ada.models import default_dtype
 
 CLOSED_BATCH = 32  # closed-loop (request x policy) runs, confirmation included, in every dtype (see above)
 TARGETS_BATCH = 16  # target responses generated together
-PROBE_BATCH = 8  # probed requests whose arms (and canonical passes) share each forward
+PROBE_BATCH = 16  # probed requests whose arms (and canonical passes) share each forward
+PROBE_POSITION_BUDGET = 8 * (2048 + 256)  # prompt + response positions of the probed requests in flight (see above)
 REDUCED_PRECISION_DTYPES = ("bfloat16", "float16")
 
 

@@ -229,30 +229,6 @@ def test_sdpa_mask_gives_sdpa_the_boolean_masks_result_bit_for_bit(dtype, per_he
             torch.testing.assert_close(got[row, :count, head].double(), reference, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("length", [64, 65, 200])
-def test_a_square_causal_prefill_matches_dense_reference_in_blocks_where_they_pay(dtype, length, monkeypatch):
-    # a prefill as transformers' SDPA attention receives it (no mask, square): blocks of 64 queries past 64
-    blocked = []
-    own = attention._blocked_causal_sdpa
-    monkeypatch.setattr(attention, "_blocked_causal_sdpa", lambda *a: blocked.append(1) or own(*a))
-    module = torch.nn.Module().eval()
-    module.layer_idx, module.scaling, module.is_causal = 0, SCALING, True
-    module.num_key_value_groups = N_HEADS // N_KV
-    query, key, value = _tensors(2, length, length, dtype, seed=length)
-    got, _ = attention._make_interface("sdpa")(module, query, key, value, None)
-    assert got.shape == (2, length, N_HEADS, HEAD_DIM)
-    assert len(blocked) == (length > attention.CAUSAL_BLOCK)
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    tolerance = 1e-5 if dtype == torch.float32 else TOLERANCE[dtype]
-    for row in range(2):
-        reference = _dense(query[row], key[row], value[row], causal)
-        torch.testing.assert_close(got[row].double(), reference, atol=tolerance, rtol=0)
-    masked, _ = attention._make_interface("sdpa")(module, query, key, value, causal[None, None])
-    assert len(blocked) == (length > attention.CAUSAL_BLOCK)  # a mask given: transformers' own attention
-    torch.testing.assert_close(masked.double(), got.double(), atol=2 * tolerance, rtol=0)
-
-
 def test_batch_mask_is_reused_only_for_the_same_padded_slots_and_prefix_limits():
     # a probe's arms rows (two arms per note): each layer builds its own tensors of the same contents
     def pending(valid_size: int, prefix_limits: list[int]) -> BatchPending:

@@ -218,3 +218,30 @@ def test_arms_part_by_copying_rows_within_the_reserved_buffers():
             torch.testing.assert_close(layer.keys[row], before[before.shape[0] - 1], rtol=0, atol=0)
         probe.finish(_arms_forward(model, [probe])[0])
     assert rows_seen == [1, 2, 3, 4, 4]
+
+
+def test_requests_join_only_while_the_position_budget_holds_them():
+    """A request joins those in flight while their prompt + response positions stay within the budget (one alone
+    always runs, however long), and each still gets what it gets alone."""
+    model = tiny_model("llama", seed=5)
+    requests = _requests(model)  # 105, 46, 91, 86 and 61 positions
+    policy = make_policy("rift-stat", budget=16, obs_window=8)
+    settings = dict(policy=policy, temperature=0.0, arm_ages=ARM_AGES)
+    alone = [probe_request(model, prompt, response, **settings) for prompt, response in requests]
+    sizes = [len(prompt) + len(response) for prompt, response in requests]
+    in_flight: list[int] = []  # requests in flight at each stride (`on_tokens`' second argument)
+    for budget, most in ((150, 2), (60, 1), (None, 5)):
+        in_flight.clear()
+        results = probe_requests(
+            model,
+            requests,
+            batch_size=5,
+            position_budget=budget,
+            on_tokens=lambda _, requests_in_flight: in_flight.append(requests_in_flight),
+            **settings,
+        )
+        for index, result in results:
+            _assert_same(result, alone[index], exact=False, label=f"budget {budget} request {index}")
+        assert max(in_flight) == most, (budget, sizes)
+    with pytest.raises(ProbeError, match="position_budget"):
+        next(probe_requests(model, requests, batch_size=2, position_budget=0, **settings))
