@@ -37,12 +37,12 @@ confirmation, and `rift-ada bench`'s targets and closed loop, which share one ``
 dtype (`CLOSED_BATCH`); bf16's 64, which its halved bytes would allow, is not measured since. `rift-ada targets`
 keeps `TARGETS_BATCH` (16, doubled in bf16).
 
-The probe, 2026-12-07 evening (docs/notes/2026-12-07-probe-prefill-blocks.md): with its prefills' attention in
-blocks, 16 requests of 328-448-token prompts read 1.01-1.08x 8 in three runs on the Zen 4 (1.04x in one before the
-blocks; float32, 32-token probes), and 32 read 0.90x 16 in one. Memory, not speed, kept it at 8: each request holds
-every arm's KV of its prompt and response. So `PROBE_BATCH` is 16 and a request joins those in flight only while
-their prompt and response positions stay within `PROBE_POSITION_BUDGET`, those of 8 requests of 2,048 + 256 tokens
-(the 10.5 GiB above): 16 requests of short prompts, 8 at docs/results.md's 2K-token prompts, as before.
+The probe, 2026-12-07 night (docs/notes/2026-12-07-probe-prefill-blocks.md): 16 requests of 328-448-token prompts
+read 1.06x [1.02, 1.09] 8 side by side (float32, 32-token probes, 3 repeats on the Zen 4), and 32 read 0.90x 16 in
+one run (of a tree whose prefills attended in blocks). Memory, not speed, kept it at 8: each request holds every
+arm's KV of its prompt and response. So `PROBE_BATCH` is 16 and a request joins those in flight only while their
+prompt and response positions stay within `PROBE_POSITION_BUDGET`, those of 8 requests of 2,048 + 256 tokens (the
+10.5 GiB above): 16 requests of short prompts, 8 at docs/results.md's 2K-token prompts, as before.
 """
 
 from __future__ import annotations
