@@ -100,9 +100,9 @@ def arms_retained_mass(
     """Share of full-KV attention (b=1, kv, g, q, n) that each arm's working set in ``targets`` holds, (A,), averaged
     over heads and queries: the window's mass (every arm's) plus, for each key an arm sees, its mass from the
     queries whose window it is outside, summed over the query heads and queries once for all arms."""
+    n_kv, group, n_queries, n_keys = probs.shape[1:]
     per_key = probs[0].float().sum(1)  # (kv, q, n): each KV head's group of query heads summed
-    n_kv, n_queries, n_keys = per_key.shape
-    cells = n_kv * (probs.shape[2] * n_queries)  # the (kv, g, q) means are over
+    cells = n_kv * group * n_queries  # the (kv, g, q) cells each arm's mean is over
     query_positions = torch.arange(pending.first_position, pending.first_position + pending.n_new, device=probs.device)
     key_positions = torch.arange(n_keys, device=probs.device)
     in_window = (key_positions[None, :] > query_positions[:, None] - layer.window) & (
