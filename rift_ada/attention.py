@@ -361,11 +361,59 @@ def _sdpa(
     scaling: float,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """torch's SDPA of (b, h, q, d) queries over (b, kv, n, d) keys (grouped when kv < h) -> (b, q, h, d)."""
+    """torch's SDPA of (b, h, q, d) queries over (b, kv, n, d) keys (grouped when kv < h) -> (b, q, h, d).
+    ``is_causal``: a square causal triangle (a prefill), in blocks (`causal_block_starts`) where `causal_blocks_pay`."""
+    if is_causal and mask is None and causal_blocks_pay(query, key):
+        return _blocked_causal_sdpa(query, key, value, scaling)
     output = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=query.shape[1] > key.shape[1]
     )
     return output.transpose(1, 2).contiguous()
+
+
+CAUSAL_BLOCK = 64  # the fewest queries per SDPA call of a blocked causal prefill
+CAUSAL_BLOCKED_UP_TO = 1024  # the longest square prefill that takes blocks
+
+
+def causal_blocks_pay(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether a square causal prefill of (b, h, n, d) queries runs as `_blocked_causal_sdpa`: on a CPU, for
+    2 * `CAUSAL_BLOCK` <= n <= `CAUSAL_BLOCKED_UP_TO`. torch 2.13's CPU flash attention computes a short causal square
+    whole; blocks of 64 queries over their keys so far were 1.39x faster at 390 tokens, 1.44x at 512, 1.15x at 1,024
+    and 1.00x at 2,048 (float32; bf16 1.37x at 390, 1.09x at 1,024, 0.95x at 2,048; SmolLM2's 9 query heads over 3
+    KV heads of 64, one thread, an AMD Zen 4: benchmarks/investigations/causal_blocks.py, 2026-12-07). Other devices
+    keep the fused kernel."""
+    length = query.shape[2]
+    return query.device.type == "cpu" and 2 * CAUSAL_BLOCK <= length <= CAUSAL_BLOCKED_UP_TO and key.shape[2] == length
+
+
+def causal_block_starts(length: int) -> range:
+    """The first query of each block of a blocked causal prefill of ``length`` queries: `CAUSAL_BLOCK` each, the last
+    block taking the remainder (64-127 queries). No call has fewer: torch 2.13's CPU SDPA rounds a call of a few
+    queries (an odd number under 32) differently at 1 and 2 threads, while calls of 64 or more gave the same bits at
+    1-4 threads (docs/notes/2026-12-08-thread-invariant-prefill-blocks.md)."""
+    return range(0, max(length // CAUSAL_BLOCK, 1) * CAUSAL_BLOCK, CAUSAL_BLOCK)
+
+
+def _blocked_causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Causal SDPA of a square prefill, (b, h, n, d) -> (b, n, h, d), one call per block of `causal_block_starts`: the
+    first block is its own causal square; each later one sees the keys up to its last query, masked above the
+    diagonal. The same attention as one causal call up to the order of float additions (about 3e-7 in float32)."""
+    batch, n_heads, length, _ = query.shape
+    grouped = n_heads > key.shape[1]
+    output = query.new_empty(batch, length, n_heads, value.shape[-1])
+    starts = causal_block_starts(length)
+    for start, end in zip(starts, [*starts[1:], length], strict=True):
+        block = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:end],
+            key[:, :, :end],
+            value[:, :, :end],
+            attn_mask=None if start == 0 else causal_visibility(start, end - start, end, query.device),
+            is_causal=start == 0,
+            scale=scaling,
+            enable_gqa=grouped,
+        )
+        output[:, start:end] = block.transpose(1, 2)
+    return output
 
 
 @functools.cache
@@ -549,11 +597,28 @@ def _make_interface(base: str) -> Callable[..., Any]:
         ):
             if pending is not None and pending.layer.wants_queries():
                 pending.layer.record_queries(query, _inverse_rope(module, query), pending)
+            if base == "sdpa" and _plain_causal_square(module, query, key, attention_mask, kwargs):
+                return _sdpa(query, key, value, None, kwargs.get("scaling") or module.scaling, is_causal=True), None
             return _base_function(module, base)(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
         return budgeted_attention(module, query, key, value, pending, scaling), None
 
     return rift_attention
+
+
+def _plain_causal_square(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any, kwargs: dict[str, Any]
+) -> bool:
+    """A call transformers' SDPA attention would make as one causal SDPA of a square prefill (no mask, no sliding
+    window, soft-capping, position bias or dropout), which `_sdpa` runs in blocks where `causal_blocks_pay`."""
+    return (
+        attention_mask is None
+        and kwargs.get("is_causal", getattr(module, "is_causal", True)) is not False
+        and not module.training
+        and not kwargs.get("dropout")
+        and all(kwargs.get(name) is None for name in ("sliding_window", "softcap", "position_bias", "s_aux"))
+        and causal_blocks_pay(query, key)
+    )
 
 
 def register_attention(base: str) -> str:

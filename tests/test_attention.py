@@ -229,6 +229,58 @@ def test_sdpa_mask_gives_sdpa_the_boolean_masks_result_bit_for_bit(dtype, per_he
             torch.testing.assert_close(got[row, :count, head].double(), reference, atol=tolerance, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [127, 128, 200, 971])
+def test_a_square_causal_prefill_matches_dense_reference_in_blocks_where_they_pay(dtype, length, monkeypatch):
+    # a prefill as transformers' SDPA attention receives it (no mask, square): blocks of 64-127 queries from 128
+    blocked = []
+    own = attention._blocked_causal_sdpa
+    monkeypatch.setattr(attention, "_blocked_causal_sdpa", lambda *a: blocked.append(1) or own(*a))
+    module = torch.nn.Module().eval()
+    module.layer_idx, module.scaling, module.is_causal = 0, SCALING, True
+    module.num_key_value_groups = N_HEADS // N_KV
+    query, key, value = _tensors(2, length, length, dtype, seed=length)
+    got, _ = attention._make_interface("sdpa")(module, query, key, value, None)
+    assert got.shape == (2, length, N_HEADS, HEAD_DIM)
+    assert len(blocked) == (length >= 2 * attention.CAUSAL_BLOCK)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    tolerance = 1e-5 if dtype == torch.float32 else TOLERANCE[dtype]
+    for row in range(2):
+        reference = _dense(query[row], key[row], value[row], causal)
+        torch.testing.assert_close(got[row].double(), reference, atol=tolerance, rtol=0)
+    masked, _ = attention._make_interface("sdpa")(module, query, key, value, causal[None, None])
+    assert len(blocked) == (length >= 2 * attention.CAUSAL_BLOCK)  # a mask given: transformers' own attention
+    torch.testing.assert_close(masked.double(), got.double(), atol=2 * tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("length", [128, 191, 971, 1024])
+def test_causal_blocks_hold_at_least_one_block_of_queries_each(length):
+    starts = list(attention.causal_block_starts(length))
+    sizes = [end - start for start, end in zip(starts, [*starts[1:], length], strict=True)]
+    assert starts[0] == 0 and sum(sizes) == length
+    assert all(attention.CAUSAL_BLOCK <= size < 2 * attention.CAUSAL_BLOCK for size in sizes)
+    assert sizes[:-1] == [attention.CAUSAL_BLOCK] * (len(sizes) - 1)
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv", "head_dim"), [(4, 2, 8), (9, 3, 64)])  # the tiny llama's, SmolLM2's
+def test_a_blocked_causal_prefill_gives_the_same_bits_at_one_and_two_threads(n_heads, n_kv, head_dim):
+    # a run resumed (or a shard run) at another thread count must agree with the whole run: torch's CPU SDPA rounds
+    # an 11-query call over 971 keys differently at 1 and 2 threads, so the last block takes the remainder instead
+    threads = torch.get_num_threads()
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for length in (128, 203, 390, 971):
+            query = torch.randn(1, n_heads, length, head_dim, generator=generator)
+            key, value = (torch.randn(1, n_kv, length, head_dim, generator=generator) for _ in range(2))
+            outputs = []
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                outputs.append(attention._blocked_causal_sdpa(query, key, value, head_dim**-0.5))
+            assert torch.equal(*outputs), length
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_batch_mask_is_reused_only_for_the_same_padded_slots_and_prefix_limits():
     # a probe's arms rows (two arms per note): each layer builds its own tensors of the same contents
     def pending(valid_size: int, prefix_limits: list[int]) -> BatchPending:

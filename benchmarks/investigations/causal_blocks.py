@@ -1,7 +1,8 @@
-"""A square causal prefill's attention: one causal SDPA call (torch's CPU flash attention) against one call per 64
-queries over their keys so far (`blocked`), over prompt lengths, in float32 and bfloat16; time (best of 3 rounds) and
-the largest difference from the one call (SmolLM2-135M's heads: 9 query / 3 KV of 64, one thread). Not in the library:
-docs/notes/2026-12-07-probe-prefill-blocks.md says why.
+"""A square causal prefill's attention: one causal SDPA call (torch's CPU flash attention) against the library's
+blocks (`rift_ada.attention._blocked_causal_sdpa`: one call per 64 queries over their keys so far, the last block taking
+the remainder), over prompt lengths, in float32 and bfloat16; time (best of 3 rounds) and the largest difference from
+the one call (SmolLM2-135M's heads: 9 query / 3 KV of 64, one thread). docs/notes/2026-12-07-probe-prefill-blocks.md
+and docs/notes/2026-12-08-thread-invariant-prefill-blocks.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/causal_blocks.py
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from rift_ada.attention import _blocked_causal_sdpa
 
 LENGTHS = (128, 256, 390, 512, 700, 1024, 1536, 2048)
 SCALING = 0.125
@@ -34,21 +37,8 @@ def one_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tor
     return output.transpose(1, 2).contiguous()
 
 
-def blocked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """The first block its own causal square; each later one over the keys up to its last query, masked above the
-    diagonal; (b, n, h, d) as `one_call`."""
-    batch, n_heads, length, _ = query.shape
-    output = query.new_empty(batch, length, n_heads, value.shape[-1])
-    positions = torch.arange(length)
-    for start in range(0, length, block):
-        end = min(length, start + block)
-        mask = None if start == 0 else positions[None, :end] <= positions[start:end, None]
-        part = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, :end], value[:, :, :end], attn_mask=mask, is_causal=start == 0,
-            scale=SCALING, enable_gqa=True,
-        )  # fmt: skip
-        output[:, start:end] = part.transpose(1, 2)
-    return output
+def blocked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return _blocked_causal_sdpa(query, key, value, SCALING)
 
 
 def main() -> int:
