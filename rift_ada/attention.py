@@ -390,7 +390,7 @@ def causal_block_starts(length: int) -> range:
     """The first query of each block of a blocked causal prefill of ``length`` queries: `CAUSAL_BLOCK` each, the last
     block taking the remainder (64-127 queries). No call has fewer: torch 2.13's CPU SDPA rounds a call of a few
     queries (an odd number under 32) differently at 1 and 2 threads, while calls of 64 or more gave the same bits at
-    1-4 threads (docs/notes/2026-12-08-thread-invariant-prefill-blocks.md)."""
+    1-4 threads (docs/notes/2026-12-07-thread-invariant-prefill-blocks.md)."""
     return range(0, max(length // CAUSAL_BLOCK, 1) * CAUSAL_BLOCK, CAUSAL_BLOCK)
 
 

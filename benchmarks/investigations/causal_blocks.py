@@ -2,7 +2,7 @@
 blocks (`rift_ada.attention._blocked_causal_sdpa`: one call per 64 queries over their keys so far, the last block taking
 the remainder), over prompt lengths, in float32 and bfloat16; time (best of 3 rounds) and the largest difference from
 the one call (SmolLM2-135M's heads: 9 query / 3 KV of 64, one thread). docs/notes/2026-12-07-probe-prefill-blocks.md
-and docs/notes/2026-12-08-thread-invariant-prefill-blocks.md.
+and docs/notes/2026-12-07-thread-invariant-prefill-blocks.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/investigations/causal_blocks.py
 """
