@@ -62,3 +62,29 @@ def test_retained_mass_of_each_arm_matches_a_count_by_hand():
     expected = _reference(probs, first, window, targets)
     torch.testing.assert_close(got, expected.float(), atol=1e-6, rtol=0)
     assert len(set(got.tolist())) == 3  # the arms see different keys and hold different mass
+
+
+def test_arm_rows_parting_into_reserved_rows_are_written_whole_before_they_are_read():
+    # reserved rows past those in use hold NaN here: every row the layer reads once arms part must be its parent's
+    # row, every position of it, copied within the reserved rows
+    from rift_ada.budget import CachePolicy
+    from rift_ada.cache import BudgetedLayer
+    from rift_ada.probe_arms import keep_arm_rows, reserve_arm_rows
+
+    layer = BudgetedLayer(CachePolicy(budget=16, obs_window=4), 0, 0.125)
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(1, 2, 24, 8, generator=generator) for _ in range(2))
+    layer.keys, layer.values = keys.clone(), values.clone()
+    reserve_arm_rows(layer, 5)
+    assert layer.keys.shape[0] == 1 and torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    for buffer in layer.arm_buffers:
+        buffer[1:] = float("nan")
+    keep_arm_rows(layer, torch.tensor([0, 0, 0]))  # two arms part from row 0
+    assert torch.equal(layer.keys, keys.expand(3, -1, -1, -1)) and torch.equal(
+        layer.values, values.expand(3, -1, -1, -1)
+    )
+    layer.keys[1] += 1.0  # row 1 goes its own way (the layer writes in place)
+    keep_arm_rows(layer, torch.tensor([0, 1, 2, 1, 1]))
+    assert not layer.keys.isnan().any() and not layer.values.isnan().any()
+    assert torch.equal(layer.keys[3], keys[0] + 1.0) and torch.equal(layer.keys[4], keys[0] + 1.0)
+    assert layer.keys.data_ptr() == layer.arm_buffers[0].data_ptr()  # still within the reserved rows
