@@ -17,6 +17,7 @@ writes the same report.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import time
@@ -34,7 +35,7 @@ from rift_ada.calibrate.curve import curve_intervals, preregister
 from rift_ada.calibrate.pipeline import calibrate
 from rift_ada.calibrate.splits import CalibrationError
 from rift_ada.collectors.probe_traces import DEFAULT_ARM_AGES
-from rift_ada.experiments.bench_report import write_bench_report
+from rift_ada.experiments.bench_report import other_thread_counts, write_bench_report
 from rift_ada.experiments.confirm import confirm_closed
 from rift_ada.experiments.evaluation import evaluate_run
 from rift_ada.memory import release_free_heap
@@ -249,8 +250,9 @@ class _TimeLedger:
     untimed_before: bool = False  # the run had work from invocations that predate its ledger (not counted)
 
     @classmethod
-    def open(cls, path: Path, commit: str | None = None) -> _TimeLedger:
-        """Read the run's ledger and begin this invocation's entry (``commit``: the code it runs)."""
+    def open(cls, path: Path, commit: str | None = None, threads: int | None = None) -> _TimeLedger:
+        """Read the run's ledger and begin this invocation's entry (``commit``: the code it runs; ``threads``: torch's
+        thread count it runs at)."""
         ledger = cls(path)
         if path.exists():
             try:
@@ -263,9 +265,19 @@ class _TimeLedger:
         else:  # a run begun before bench kept this ledger: its earlier invocations' times are unknown
             ledger.untimed_before = (path.parent / "bench.json").exists() or any(path.parent.glob("T*/targets*"))
         ledger.invocations.append(
-            {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "wall_s": 0.0, "commit": commit}
+            {
+                "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                "wall_s": 0.0,
+                "commit": commit,
+                "threads": threads,
+            }
         )
         return ledger
+
+    def other_thread_counts(self) -> list[int]:
+        """torch thread counts of earlier invocations other than this one's (unrecorded ones are not counted)."""
+        own = self.invocations[-1].get("threads")
+        return other_thread_counts(self.invocations[:-1], own)
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages[stage] = round(self.stages.get(stage, 0.0) + seconds, 1)
@@ -846,12 +858,21 @@ def _run_bench(
     progress: Progress | None, command: str | None, engine_controllers: bool = False,
     token_progress: TokenProgress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    import torch
+
     from rift_ada.collectors.pipeline import ensure_targets, load_pair, load_requests
     from rift_ada.collectors.targets.files import targets_provenance
 
     commit = _source_commit()  # now: the checkout may move on while a long run works
-    stages = _Stages(progress or (lambda stage, done, total: None), token_progress,
-                     ledger=_TimeLedger.open(out / "timings.json", commit))  # fmt: skip
+    ledger = _TimeLedger.open(out / "timings.json", commit, torch.get_num_threads())
+    if ledger.other_thread_counts():
+        logging.getLogger("rift_ada").warning(
+            "%s: resuming at %d torch thread(s), where earlier invocations ran at %s: torch's CPU attention rounds "
+            "some steps differently at another count, so the resumed stages may differ from a whole run in their last "
+            "bits (docs/design-notes.md, 'Resuming')", out, torch.get_num_threads(),
+            ", ".join(map(str, ledger.other_thread_counts())),
+        )  # fmt: skip
+    stages = _Stages(progress or (lambda stage, done, total: None), token_progress, ledger=ledger)
     started = time.monotonic()
     stages.progress("load model", 0, 1)
     pair = load_pair(model, device=device, dtype=dtype)

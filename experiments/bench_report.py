@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -613,6 +614,14 @@ def _architecture_note(model: str) -> str:
             "only, the kind of draft on which the paper finds decode staleness worst.")  # fmt: skip
 
 
+def other_thread_counts(invocations: Sequence[dict[str, Any]], threads: int | None) -> list[int]:
+    """The torch thread counts recorded in ``invocations`` other than ``threads``, sorted: torch's CPU attention rounds
+    a few shapes differently at another count, so stages resumed at one need not match a run made whole at the
+    other in their last bits (docs/design-notes.md, "Resuming")."""
+    counts = {int(entry["threads"]) for entry in invocations if entry.get("threads") is not None}
+    return sorted(counts - {threads})
+
+
 def write_bench_report(summary: dict[str, Any], out_dir: str | Path) -> Path:
     folder = Path(out_dir)
     for cell in summary["cells"].values():
@@ -633,6 +642,7 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
     invocations = summary.get("invocations") or [{"wall_s": summary["wall_s"]}]
     earlier = sorted({str(entry["commit"])[:12] for entry in invocations[:-1] if entry.get("commit")}
                      - {str(summary.get("source_commit") or "")[:12]})  # fmt: skip
+    other_threads = other_thread_counts(invocations, torch.get_num_threads())
     header = [
         "# Results",
         "",
@@ -644,8 +654,10 @@ def render_results(summary: dict[str, Any], *, images: str) -> str:
            if earlier else ""),  # fmt: skip
         f"- Finished: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} on "
-        f"{summary['device']} with {torch.get_num_threads()} thread(s); {platform.python_implementation()} "
-        f"{platform.python_version()}",
+        f"{summary['device']} with {torch.get_num_threads()} thread(s)"
+        + (f" (earlier invocations also at {', '.join(map(str, other_threads))}: resumed stages may differ in their "
+           "last bits, docs/design-notes.md, \"Resuming\")" if other_threads else "")  # fmt: skip
+        + f"; {platform.python_implementation()} {platform.python_version()}",
         f"- Wall time: {summary.get('wall_total_s', summary['wall_s']) / 60:.1f} min over {len(invocations)} "
         f"invocation(s) of the command (an interrupted one counted up to its last finished stage); "
         f"{summary['wall_s'] / 60:.1f} min in the one that finished the run"

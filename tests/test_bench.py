@@ -141,7 +141,37 @@ def test_results_page_names_the_commit_each_invocation_ran(bench_dir):
     assert "earlier invocations" not in render_results(summary, images="results").split("\n")[4]
 
 
-def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir, tmp_path):
+def test_results_page_names_other_thread_counts_a_run_was_resumed_at(bench_dir, tmp_path):
+    import torch
+
+    from rift_ada.experiments.bench import _TimeLedger
+    from rift_ada.experiments.bench_report import render_results
+
+    threads = torch.get_num_threads()
+    summary = json.loads((bench_dir / "bench.json").read_text())
+    summary["invocations"] = [{"wall_s": 5.0, "threads": threads + 2}, {"wall_s": 1.0, "threads": None},
+                              {"wall_s": 2.0, "threads": threads}]  # fmt: skip
+    machine_line = render_results(summary, images="results").split("\n")[6]
+    assert machine_line.startswith("- Machine: ") and f"with {threads} thread(s) (earlier invocations also at " \
+        f"{threads + 2}: resumed stages may differ in their last bits" in machine_line  # fmt: skip
+    summary["invocations"][0]["threads"] = threads  # every invocation at this count: nothing said
+    assert "earlier invocations" not in render_results(summary, images="results").split("\n")[6]
+    # the ledger records each invocation's count and names the others
+    first = _TimeLedger.open(tmp_path / "timings.json", "a" * 40, threads=3)
+    first.write()
+    assert first.other_thread_counts() == []
+    second = _TimeLedger.open(tmp_path / "timings.json", "a" * 40, threads=1)
+    second.write()
+    assert second.other_thread_counts() == [3]
+    assert [entry["threads"] for entry in json.loads((tmp_path / "timings.json").read_text())["invocations"]] == [3, 1]
+    assert _TimeLedger.open(tmp_path / "timings.json", threads=3).other_thread_counts() == [1]
+
+
+def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir, tmp_path, caplog):
+    import logging
+
+    import torch
+
     out = tmp_path / "run"
 
     def stop_at(stage_prefix: str, after: int):
@@ -157,7 +187,13 @@ def test_interrupted_bench_resumes_to_the_same_report(bench_dir, tiny_model_dir,
     with pytest.raises(_Interrupt):
         run_bench(out, size="tiny", model=str(tiny_model_dir), progress=stop_at("T1 B96 closed loop", 1))
     assert (out / "T0" / "B96" / "cell.json").exists() and not (out / "T1" / "B96" / "cell.json").exists()
-    run_bench(out, size="tiny", model=str(tiny_model_dir))
+    ledger = json.loads((out / "timings.json").read_text())
+    assert [entry["threads"] for entry in ledger["invocations"]] == [torch.get_num_threads()] * 2
+    ledger["invocations"][0]["threads"] = torch.get_num_threads() + 1  # as if begun at another thread count
+    (out / "timings.json").write_text(json.dumps(ledger))
+    with caplog.at_level(logging.WARNING, logger="rift_ada"):
+        run_bench(out, size="tiny", model=str(tiny_model_dir))
+    assert f"resuming at {torch.get_num_threads()} torch thread(s), where earlier invocations ran at " in caplog.text
     times = json.loads((out / "bench.json").read_text())
     assert len(times["invocations"]) == 3  # two interrupted, one that finished: each one's time is kept
     assert {entry["commit"] for entry in times["invocations"]} == {times["source_commit"]}  # each one's code
