@@ -864,13 +864,13 @@ def _run_bench(
     from rift_ada.collectors.targets.files import targets_provenance
 
     commit = _source_commit()  # now: the checkout may move on while a long run works
-    ledger = _TimeLedger.open(out / "timings.json", commit, torch.get_num_threads())
-    if ledger.other_thread_counts():
+    threads = torch.get_num_threads()
+    ledger = _TimeLedger.open(out / "timings.json", commit, threads)
+    if others := ledger.other_thread_counts():
         logging.getLogger("rift_ada").warning(
             "%s: resuming at %d torch thread(s), where earlier invocations ran at %s: torch's CPU attention rounds "
             "some steps differently at another count, so the resumed stages may differ from a whole run in their last "
-            "bits (docs/design-notes.md, 'Resuming')", out, torch.get_num_threads(),
-            ", ".join(map(str, ledger.other_thread_counts())),
+            "bits (docs/design-notes.md, 'Resuming')", out, threads, ", ".join(map(str, others)),
         )  # fmt: skip
     stages = _Stages(progress or (lambda stage, done, total: None), token_progress, ledger=ledger)
     started = time.monotonic()
